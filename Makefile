@@ -1,0 +1,41 @@
+# Set-up and entry points. `make demo` and `make test` install what is missing:
+# StarPU from the distribution, a venv with torch 2.13.0 (CPU), and this package.
+PY ?= python3.11
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+export STARPU_HOME ?= $(CURDIR)/.starpu
+export STARPU_SILENT ?= 1
+
+.PHONY: setup demo test test-all bench lint clean
+
+$(VENV)/.done: pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py
+	@pkg-config --exists starpu-1.3 || pkg-config --exists starpu-1.4 || \
+		{ echo "installing StarPU (libstarpu-dev)"; \
+		  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq libstarpu-dev pkg-config; \
+		  else sudo apt-get update -qq && sudo apt-get install -y -qq libstarpu-dev pkg-config; fi; }
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q setuptools wheel cffi pytest ruff
+	$(VPY) -m pip install -q --no-build-isolation -e .
+	touch $@
+
+setup: $(VENV)/.done
+
+demo: setup
+	$(VPY) examples/train_mlp.py
+
+test: setup
+	$(VPY) -m pytest -q
+
+test-all: setup
+	$(VPY) -m pytest -q -m ""
+
+bench: setup
+	$(VPY) benchmarks/mlp_step.py
+
+lint: setup
+	$(VPY) -m ruff check src tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build .starpu src/*.egg-info src/torch_nntile/runtime/_shim*

@@ -1,0 +1,111 @@
+"""torch_nntile: a PyTorch device whose ops are recorded, tiled and run on StarPU.
+
+    import torch, torch_nntile
+    torch_nntile.init_context(ncpu=2)
+    x = torch.randn(1024, 784).to("nntile")
+    torch_nntile.set_axis_group_name(x, {0: "batch"})
+    torch_nntile.set_axis_group_tiling("batch", 256)
+    y = (x @ w).relu().sum()
+    print(y.cpu())          # flushes: compile, run on StarPU, wait, gather
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_nntile import backend as _backend  # noqa: F401  (registers the device)
+from torch_nntile.backend.device import read as _read
+from torch_nntile.backend.fallback import FALLBACK_COUNTS
+from torch_nntile.graph import axes as _axes
+from torch_nntile.graph.nodes import SESSION as _GRAPH
+from torch_nntile.runtime.context import WHERE_ANY, WHERE_CPU, KernelError
+from torch_nntile.session import SESSION_STATE as _S
+
+__all__ = [
+    "KernelError", "compile_graph", "execute", "fallback_counts", "format_axis_groups", "init_context",
+    "pending_op_names", "print_axis_groups", "restore_where", "restrict_cpu", "restrict_cuda", "run",
+    "set_axis_group_name", "set_axis_group_tiling", "shutdown_context", "wait",
+]
+
+# Parameters are swapped, not re-wrapped, by Module.to(): tied weights stay tied.
+torch.__future__.set_swap_module_params_on_conversion(True)
+
+
+def init_context(ncpu: int = 2, ncuda: int = 0, cpu_fallback: bool = False, scheduler: str | None = None) -> None:
+    """Start StarPU with ``ncpu`` CPU workers. ``cpu_fallback`` runs ATen ops that
+    nntile lacks on the CPU (counted) instead of raising."""
+    _S.init(ncpu, ncuda, cpu_fallback, scheduler)
+
+
+def shutdown_context() -> None:
+    """Wait for all work, then stop StarPU; nntile tensors are unusable afterwards."""
+    _S.shutdown()
+
+
+def compile_graph() -> None:
+    """Merge axis groups, apply tilings and lower the pending graph to tile tasks."""
+    _S.compile()
+
+
+def run() -> None:
+    """Submit compiled tasks to StarPU; returns at once."""
+    _S.run()
+
+
+def wait() -> None:
+    """Wait for submitted tasks; re-raises a kernel's exception naming its op."""
+    _S.wait()
+
+
+def execute() -> None:
+    """compile_graph() + run()."""
+    _S.execute()
+
+
+def set_axis_group_name(tensor: torch.Tensor, names: dict[int, str]) -> None:
+    """Name the axis groups of some of ``tensor``'s dimensions: ``{0: "batch"}``."""
+    node = _read(tensor)
+    for dim, name in names.items():
+        if not -len(node.shape) <= dim < len(node.shape):
+            raise ValueError(f"dimension {dim} out of range for a tensor of shape {list(node.shape)}")
+        _axes.set_name(node.axes[dim], name)
+
+
+def set_axis_group_tiling(name: str, tiling: int | list[int] | tuple[int, ...] | None) -> None:
+    """Tile the named group: a tile size, or a list of sizes summing to its extent; None: one tile."""
+    if tiling is None:
+        _axes.group_by_name(name)
+        _axes.clear_tiling(name)
+    else:
+        _axes.set_tiling(name, tiling)
+
+
+def format_axis_groups() -> str:
+    return _axes.format_groups()
+
+
+def print_axis_groups() -> None:
+    print(format_axis_groups())
+
+
+def restrict_cpu() -> None:
+    """Run the next submitted tasks on CPU workers only."""
+    _S.runtime().where = WHERE_CPU
+
+
+def restrict_cuda() -> None:
+    raise RuntimeError("torch_nntile: no CUDA workers in this StarPU build; restrict_cuda() is unavailable")
+
+
+def restore_where() -> None:
+    """Let tasks run on any worker again."""
+    _S.runtime().where = WHERE_ANY
+
+
+def fallback_counts() -> dict[str, int]:
+    """How often each ATen op ran on the CPU fallback."""
+    return dict(FALLBACK_COUNTS)
+
+
+def pending_op_names() -> list[str]:
+    return _GRAPH.pending_names()

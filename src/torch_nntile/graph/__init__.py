@@ -1,0 +1,1 @@
+"""Tensor graph: data nodes, op nodes, the pending phase and axis groups."""

@@ -1,0 +1,164 @@
+"""Axis groups: dimensions that must be tiled alike, merged by a union-find.
+
+Each dimension of a data node points at an ``AxisGroup``; ops merge the groups of
+dimensions that must share a tiling (``union``). Users name a group through any
+member dimension and set tile sizes per name. Tiling is plain data: a tuple of
+tile sizes per group, derived by ``normalize_tiling``.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+
+class AxisGroup:
+    """A union-find element; the root of a set carries the set's metadata."""
+
+    __slots__ = ("parent", "extent", "name", "fixed", "__weakref__")
+
+    def __init__(self, extent: int) -> None:
+        self.parent: AxisGroup | None = None
+        self.extent = extent
+        self.name: str | None = None
+        self.fixed: str | None = None  # name of an op that cannot tile this group
+
+    def root(self) -> AxisGroup:
+        g = self
+        while g.parent is not None:
+            if g.parent.parent is not None:
+                g.parent = g.parent.parent  # path halving
+            g = g.parent
+        return g
+
+
+# Every group ever created and still alive; used only for reports.
+_ALL: weakref.WeakSet[AxisGroup] = weakref.WeakSet()
+# Name -> the group most recently given that name.
+_NAMES: dict[str, weakref.ref[AxisGroup]] = {}
+# Name -> tiling (tuple of tile sizes, or an int tile size).
+_TILINGS: dict[str, int | tuple[int, ...]] = {}
+
+
+def new_group(extent: int) -> AxisGroup:
+    g = AxisGroup(extent)
+    _ALL.add(g)
+    return g
+
+
+def union(a: AxisGroup, b: AxisGroup) -> AxisGroup:
+    """Merge two groups; both must have the same extent."""
+    ra, rb = a.root(), b.root()
+    if ra is rb:
+        return ra
+    if ra.extent != rb.extent:
+        raise ValueError(f"cannot merge axis groups of extents {ra.extent} and {rb.extent}")
+    if ra.name is None:
+        ra.name = rb.name
+    if ra.fixed is None:
+        ra.fixed = rb.fixed
+    rb.parent = ra
+    return ra
+
+
+def fix(g: AxisGroup, op_name: str) -> None:
+    """Mark a group as one that ``op_name`` cannot split into several tiles."""
+    r = g.root()
+    if r.fixed is None:
+        r.fixed = op_name
+
+
+def set_name(g: AxisGroup, name: str) -> None:
+    r = g.root()
+    r.name = name
+    _NAMES[name] = weakref.ref(r)
+
+
+def group_by_name(name: str) -> AxisGroup:
+    ref = _NAMES.get(name)
+    g = ref() if ref is not None else None
+    if g is None:
+        raise ValueError(f"unknown axis group name {name!r}; known: {sorted(live_names())}")
+    return g.root()
+
+
+def live_names() -> list[str]:
+    return [n for n, r in _NAMES.items() if r() is not None]
+
+
+def normalize_tiling(tiling: int | tuple[int, ...] | list[int], extent: int, label: str) -> tuple[int, ...]:
+    """Turn a tile size or a list of tile sizes into the tuple of tile sizes.
+
+    >>> normalize_tiling(256, 1000, "batch")
+    (256, 256, 256, 232)
+    >>> normalize_tiling([600, 400], 1000, "batch")
+    (600, 400)
+    """
+    if isinstance(tiling, bool):
+        raise ValueError(f"axis group {label}: tiling must be an int or a list of ints")
+    if isinstance(tiling, int):
+        if tiling <= 0:
+            raise ValueError(f"axis group {label}: tile size must be positive, got {tiling}")
+        if extent == 0:
+            return (0,)
+        full, rest = divmod(extent, tiling)
+        return (tiling,) * full + ((rest,) if rest else ())
+    sizes = tuple(int(s) for s in tiling)
+    if not sizes or any(s <= 0 for s in sizes):
+        raise ValueError(f"axis group {label}: tile sizes must be positive, got {list(sizes)}")
+    if sum(sizes) != extent:
+        raise ValueError(
+            f"axis group {label}: tile sizes {list(sizes)} sum to {sum(sizes)}, "
+            f"but the extent is {extent}"
+        )
+    return sizes
+
+
+def describe(g: AxisGroup) -> str:
+    r = g.root()
+    return f"{r.name!r} (extent {r.extent})" if r.name else f"<unnamed, extent {r.extent}>"
+
+
+def set_tiling(name: str, tiling: int | list[int] | tuple[int, ...]) -> None:
+    g = group_by_name(name)
+    sizes = normalize_tiling(tiling, g.extent, repr(name))
+    if len(sizes) > 1 and g.fixed is not None:
+        raise ValueError(f"axis group {name!r} cannot be tiled: {g.fixed} needs it whole")
+    _TILINGS[name] = tiling if isinstance(tiling, int) else sizes
+
+
+def clear_tiling(name: str) -> None:
+    _TILINGS.pop(name, None)
+
+
+def tiling_of(root: AxisGroup) -> tuple[int, ...]:
+    """The tile sizes of a root group: its named tiling, or a single tile."""
+    t = _TILINGS.get(root.name) if root.name is not None else None
+    if t is None:
+        return (root.extent,)
+    sizes = normalize_tiling(t, root.extent, describe(root))
+    if len(sizes) > 1 and root.fixed is not None:
+        raise ValueError(f"axis group {describe(root)} cannot be tiled: {root.fixed} needs it whole")
+    return sizes
+
+
+def groups_report() -> list[tuple[AxisGroup, int]]:
+    """Live root groups with their member counts, named ones first."""
+    counts: dict[AxisGroup, int] = {}
+    for g in list(_ALL):
+        r = g.root()
+        counts[r] = counts.get(r, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (kv[0].name is None, kv[0].name or "", -kv[0].extent))
+
+
+def format_groups() -> str:
+    lines = [f"{'name':<16} {'extent':>8} {'members':>8}  tiling"]
+    for r, n in groups_report():
+        try:
+            tiles = tiling_of(r)
+            tdesc = "untiled" if len(tiles) == 1 else f"{len(tiles)} tiles {list(tiles)}"
+        except ValueError as e:
+            tdesc = f"invalid: {e}"
+        if r.fixed is not None:
+            tdesc += f" (whole for {r.fixed})"
+        lines.append(f"{r.name or '-':<16} {r.extent:>8} {n:>8}  {tdesc}")
+    return "\n".join(lines)

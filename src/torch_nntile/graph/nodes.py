@@ -1,0 +1,125 @@
+"""Data and op nodes of the session TensorGraph.
+
+A ``DataNode`` is one immutable value: shape, dtype, one axis group per dim, the
+op that produces it while pending, and its tiles once lowered. In-place ATen ops
+create a new node; the backend re-points the tensor at it. Liveness is Python's
+refcount: a node dies when no tensor, view cache or pending op refers to it, and
+its tiles go with it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from torch_nntile.graph.axes import AxisGroup, new_group
+
+
+class OpDef(Protocol):
+    """What the graph needs from an op definition."""
+
+    name: str
+
+    def lower(self, ctx: Any, node: OpNode) -> None: ...
+
+
+class DataNode:
+    __slots__ = ("shape", "dtype", "axes", "op", "value", "__weakref__")
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        axes: tuple[AxisGroup, ...] | None = None,
+        op: OpNode | None = None,
+    ) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.axes = axes if axes is not None else tuple(new_group(s) for s in shape)
+        self.op = op
+        self.value: Any = None  # a TileArray once lowered
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def __repr__(self) -> str:
+        src = self.op.opdef.name if self.op is not None else "materialized"
+        return f"DataNode({list(self.shape)}, {self.dtype}, {src})"
+
+
+class OpNode:
+    __slots__ = ("opdef", "inputs", "outputs", "attrs")
+
+    def __init__(self, opdef: OpDef, inputs: tuple[DataNode, ...], attrs: Any) -> None:
+        self.opdef = opdef
+        self.inputs = inputs
+        self.outputs: tuple[DataNode, ...] = ()
+        self.attrs = attrs
+
+
+class TensorGraph:
+    """The pending ops of the session, in record order."""
+
+    def __init__(self) -> None:
+        self.pending: list[OpNode] = []
+        self.lock = threading.Lock()
+        self.recorded_ops = 0
+
+    def record(
+        self,
+        opdef: OpDef,
+        inputs: tuple[DataNode, ...],
+        attrs: Any,
+        outs: list[tuple[tuple[int, ...], torch.dtype, tuple[AxisGroup, ...] | None]],
+    ) -> tuple[DataNode, ...]:
+        """Append one op; return its output nodes (nothing is computed)."""
+        op = OpNode(opdef, inputs, attrs)
+        op.outputs = tuple(DataNode(s, d, a, op) for s, d, a in outs)
+        with self.lock:
+            self.pending.append(op)
+            self.recorded_ops += 1
+        return op.outputs
+
+    def take(self) -> list[OpNode]:
+        """Detach the pending ops for lowering."""
+        with self.lock:
+            ops, self.pending = self.pending, []
+        return ops
+
+    def pending_names(self) -> list[str]:
+        with self.lock:
+            return [op.opdef.name for op in self.pending]
+
+
+def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any]) -> Any:
+    """Lower every pending op in record order into a context's task list.
+
+    Nothing is committed to the nodes until every op lowered: an op that rejects
+    its tiling leaves the graph pending and all tensors as they were.
+    """
+    ops = graph.take()
+    ctx = make_ctx()
+    try:
+        for op in ops:
+            op.opdef.lower(ctx, op)
+    except BaseException:
+        ctx.discard()
+        with graph.lock:
+            graph.pending[:0] = ops
+        raise
+    ctx.commit()
+    for op in ops:
+        for out in op.outputs:
+            out.op = None  # materialized: drop the link to history
+    return ctx
+
+
+SESSION = TensorGraph()
+"""The one graph every nntile op of this process records into."""

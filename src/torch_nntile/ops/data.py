@@ -1,0 +1,54 @@
+"""Data in and out of the device: ingress from CPU, fills, readout to CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.ops.base import Op, record
+from torch_nntile.runtime.context import Runtime
+from torch_nntile.tiling.tiles import Arg, Lowering, R, W
+
+
+def _lower_ingress(ctx: Lowering, node: OpNode) -> None:
+    src: torch.Tensor = node.attrs
+    out = ctx.output(node.outputs[0])
+    for idx in out.indices():
+        part = src[out.slices(idx)]
+        ctx.task(lambda o, p=part: o.copy_(p), [Arg(out, idx, W)], "ingress")
+
+
+INGRESS = Op("ingress", _lower_ingress)
+
+
+def ingress(cpu: torch.Tensor) -> DataNode:
+    """A node holding a copy of a CPU tensor (copied now, tiled at compile)."""
+    src = cpu.detach().clone(memory_format=torch.contiguous_format)
+    return record(INGRESS, (), src, [(tuple(src.shape), src.dtype, None)])[0]
+
+
+def _lower_fill(ctx: Lowering, node: OpNode) -> None:
+    value = node.attrs
+    out = ctx.output(node.outputs[0])
+    for idx in out.indices():
+        ctx.task(lambda o: o.fill_(value), [Arg(out, idx, W)], "fill")
+
+
+FILL = Op("fill", _lower_fill)
+
+
+def fill(shape: tuple[int, ...], dtype: torch.dtype, value: float | int | bool, axes=None) -> DataNode:
+    return record(FILL, (), value, [(shape, dtype, axes)])[0]
+
+
+def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
+    """Copy a materialized node's tiles into a new CPU tensor (waits)."""
+    arr = node.value
+    cpu = torch.empty(node.shape, dtype=node.dtype)
+    ctx = Lowering(rt)
+    for idx in arr.indices():
+        view = cpu[arr.slices(idx)]
+        ctx.task(lambda t, v=view: v.copy_(t), [Arg(arr, idx, R)], "readout")
+    rt.submit(ctx.tasks)
+    rt.wait()
+    return cpu

@@ -1,0 +1,204 @@
+"""Reductions and the ops of cross-entropy: sum/mean, log-softmax, NLL loss."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from torch_nntile.graph.axes import fix, new_group, union
+from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.ops.base import Op, broadcast_axes, record, reduce_into
+from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
+
+# -- sum / mean over dims ------------------------------------------------------
+
+
+def _lower_sum(ctx: Lowering, node: OpNode) -> None:
+    dims, keepdim, scale = node.attrs
+    x = ctx.input(node.inputs[0])
+    out = ctx.output(node.outputs[0])
+    kept = [d for d in range(len(x.shape)) if d not in dims]
+    n_out = math.prod(out.grid)
+    rgrids = [range(x.grid[d]) for d in dims]
+    odt = out.dtype
+
+    def write(o: torch.Tensor, t: torch.Tensor) -> None:
+        torch.sum(t, dims, keepdim=keepdim, dtype=odt, out=o)
+
+    def acc(o: torch.Tensor, t: torch.Tensor) -> None:
+        o.add_(torch.sum(t, dims, keepdim=keepdim, dtype=odt))
+
+    finish = None if scale == 1 else (lambda o: o.mul_(scale))
+    for oidx in out.indices():
+        kept_idx = [oidx[d] for d in kept] if keepdim else list(oidx)
+        parts = []
+        for ridx in itertools.product(*rgrids):
+            xi = [0] * len(x.shape)
+            for d, i in zip(kept, kept_idx):
+                xi[d] = i
+            for d, i in zip(dims, ridx):
+                xi[d] = i
+            parts.append((write, acc, [Arg(x, tuple(xi), R)]))
+        reduce_into(ctx, out, oidx, parts, "sum", n_out, finish)
+
+
+SUM = Op("sum", _lower_sum)
+
+
+def sum_op(x: DataNode, dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype, mean: bool = False) -> DataNode:
+    nd = len(x.shape)
+    dims = tuple(sorted({d % nd for d in dims})) if dims else tuple(range(nd))
+    count = math.prod(x.shape[d] for d in dims)
+    scale = 1.0 / count if mean and count else 1
+    shape, axes = [], []
+    for d in range(nd):
+        if d in dims:
+            if keepdim:
+                shape.append(1)
+                axes.append(new_group(1))
+        else:
+            shape.append(x.shape[d])
+            axes.append(x.axes[d])
+    return record(SUM, (x,), (dims, keepdim, scale), [(tuple(shape), dtype, tuple(axes))])[0]
+
+
+# -- log-softmax along one whole dim -------------------------------------------
+
+
+def _lower_rowwise(ctx: Lowering, node: OpNode) -> None:
+    fn, name = node.attrs
+    ins = [ctx.input(n) for n in node.inputs]
+    out = ctx.output(node.outputs[0])
+    for idx in out.indices():
+        ctx.task(fn, [Arg(out, idx, W)] + [Arg(a, idx, R) for a in ins], name)
+
+
+ROWWISE = Op("rowwise", _lower_rowwise)
+
+
+def log_softmax(x: DataNode, dim: int) -> DataNode:
+    dim %= max(len(x.shape), 1)
+    if x.shape:
+        fix(x.axes[dim], "aten._log_softmax")
+
+    def k(o: torch.Tensor, t: torch.Tensor) -> None:
+        torch.ops.aten._log_softmax.out(t, dim, False, out=o)
+
+    return record(ROWWISE, (x,), (k, "_log_softmax"), [(x.shape, x.dtype, x.axes)])[0]
+
+
+def log_softmax_backward(grad: DataNode, out: DataNode, dim: int, in_dtype: torch.dtype) -> DataNode:
+    dim %= max(len(out.shape), 1)
+
+    def k(o: torch.Tensor, g: torch.Tensor, y: torch.Tensor) -> None:
+        torch.ops.aten._log_softmax_backward_data.out(g, y, dim, in_dtype, out=o)
+
+    shape, axes = broadcast_axes([grad, out])
+    return record(ROWWISE, (grad, out), (k, "_log_softmax_backward_data"), [(shape, in_dtype, axes)])[0]
+
+
+# -- negative log-likelihood, class dim last -----------------------------------
+
+NONE, MEAN, SUM_RED = 0, 1, 2
+
+
+def _lower_nll(ctx: Lowering, node: OpNode) -> None:
+    reduction, ignore_index = node.attrs
+    x, t = ctx.input(node.inputs[0]), ctx.input(node.inputs[1])
+    w = ctx.input(node.inputs[2]) if len(node.inputs) > 2 else None
+    loss, tw = ctx.output(node.outputs[0]), ctx.output(node.outputs[1])
+    wargs = [Arg(w, (0,), R)] if w is not None else []
+    nb = x.grid[0]
+
+    def partial(lo: torch.Tensor, two: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
+        weight = wt[0] if wt else None
+        l, _ = torch.ops.aten.nll_loss_forward(xt, tt, weight, SUM_RED, ignore_index)
+        mask = tt != ignore_index
+        two.copy_(mask.sum() if weight is None else weight[tt[mask]].sum())
+        lo.copy_(l)
+
+    if reduction == NONE:
+        def rows(lo: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
+            weight = wt[0] if wt else None
+            lo.copy_(torch.ops.aten.nll_loss_forward(xt, tt, weight, NONE, ignore_index)[0])
+        for i in range(nb):
+            ctx.task(rows, [Arg(loss, (i,), W), Arg(x, (i, 0), R), Arg(t, (i,), R), *wargs], "nll_loss_forward")
+        ctx.task(lambda o: o.fill_(0), [Arg(tw, (), W)], "nll_loss_forward")
+        return
+    if nb == 1:
+        ctx.task(partial, [Arg(loss, (), W), Arg(tw, (), W), Arg(x, (0, 0), R), Arg(t, (0,), R), *wargs], "nll_loss_forward")
+        parts = [(loss, tw)]
+    else:
+        parts = []
+        for i in range(nb):
+            pl, pw = ctx.temp((), loss.dtype), ctx.temp((), tw.dtype)
+            ctx.task(partial, [Arg(pl, (), W), Arg(pw, (), W), Arg(x, (i, 0), R), Arg(t, (i,), R), *wargs], "nll_loss_forward")
+            parts.append((pl, pw))
+    mean = reduction == MEAN
+
+    def combine(lo: torch.Tensor, two: torch.Tensor, *p: torch.Tensor) -> None:
+        if p:
+            lo.copy_(torch.stack(p[0::2]).sum())
+            two.copy_(torch.stack(p[1::2]).sum())
+        if mean:
+            lo.div_(two)
+
+    if nb == 1:
+        if mean:
+            ctx.task(lambda lo, two: lo.div_(two), [Arg(loss, (), RW), Arg(tw, (), R)], "nll_loss_forward")
+        return
+    pargs = [Arg(a, (), R) for pair in parts for a in pair]
+    ctx.task(combine, [Arg(loss, (), W), Arg(tw, (), W), *pargs], "nll_loss_forward")
+
+
+NLL = Op("nll_loss_forward", _lower_nll)
+
+
+def _check_nll(x: DataNode, t: DataNode) -> None:
+    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0]:
+        raise RuntimeError(
+            f"nll_loss on nntile supports input (N, C) with target (N,); got {list(x.shape)} and {list(t.shape)}"
+        )
+
+
+def nll_loss(x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignore_index: int) -> tuple[DataNode, DataNode]:
+    _check_nll(x, t)
+    union(x.axes[0], t.axes[0])
+    fix(x.axes[1], "aten.nll_loss_forward")
+    inputs = (x, t) if w is None else (x, t, w)
+    lshape, laxes = ((x.shape[0],), (x.axes[0],)) if reduction == NONE else ((), ())
+    return record(NLL, inputs, (reduction, ignore_index), [(lshape, x.dtype, laxes), ((), x.dtype, ())])
+
+
+def _lower_nll_backward(ctx: Lowering, node: OpNode) -> None:
+    reduction, ignore_index = node.attrs
+    g, x, t, tw = (ctx.input(n) for n in node.inputs[:4])
+    w = ctx.input(node.inputs[4]) if len(node.inputs) > 4 else None
+    out = ctx.output(node.outputs[0])
+    wargs = [Arg(w, (0,), R)] if w is not None else []
+
+    def k(o: torch.Tensor, gt: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, twt: torch.Tensor, *wt: torch.Tensor) -> None:
+        weight = wt[0] if wt else None
+        o.copy_(torch.ops.aten.nll_loss_backward(gt, xt, tt, weight, reduction, ignore_index, twt))
+
+    for i in range(out.grid[0]):
+        gi = (i,) if reduction == NONE else ()
+        ctx.task(k, [Arg(out, (i, 0), W), Arg(g, gi, R), Arg(x, (i, 0), R), Arg(t, (i,), R), Arg(tw, (), R), *wargs],
+                 "nll_loss_backward")
+
+
+NLL_BACKWARD = Op("nll_loss_backward", _lower_nll_backward)
+
+
+def nll_loss_backward(
+    g: DataNode, x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignore_index: int, tw: DataNode
+) -> DataNode:
+    _check_nll(x, t)
+    union(x.axes[0], t.axes[0])
+    if reduction == NONE:
+        union(g.axes[0], x.axes[0])
+    fix(x.axes[1], "aten.nll_loss_backward")
+    inputs = (g, x, t, tw) if w is None else (g, x, t, tw, w)
+    return record(NLL_BACKWARD, inputs, (reduction, ignore_index), [(x.shape, x.dtype, x.axes)])[0]

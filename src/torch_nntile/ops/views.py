@@ -1,0 +1,244 @@
+"""Views as graph ops. A tensor viewing another is read by replaying the view on
+the base value and written by scattering back (functionalization, lite).
+
+A view's geometry (sizes, strides, offset over a contiguous base) is decoded into
+reshape -> permute -> reshape -> expand when it is one; anything else (slices,
+diagonals) goes through a gathered ``as_strided`` on a single tile.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+
+from torch_nntile.graph.axes import AxisGroup, fix, new_group
+from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.ops.base import Op, record
+from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
+
+# -- permute -------------------------------------------------------------------
+
+
+def _lower_permute(ctx: Lowering, node: OpNode) -> None:
+    perm = node.attrs
+    x = ctx.input(node.inputs[0])
+    out = ctx.output(node.outputs[0])
+    for idx in out.indices():
+        xi = [0] * len(idx)
+        for d, p in enumerate(perm):
+            xi[p] = idx[d]
+        ctx.task(lambda o, t: o.copy_(t.permute(perm)), [Arg(out, idx, W), Arg(x, tuple(xi), R)], "permute")
+
+
+PERMUTE = Op("permute", _lower_permute)
+
+
+def permute(x: DataNode, perm: tuple[int, ...]) -> DataNode:
+    if perm == tuple(range(len(perm))):
+        return x
+    shape = tuple(x.shape[p] for p in perm)
+    axes = tuple(x.axes[p] for p in perm)
+    return record(PERMUTE, (x,), perm, [(shape, x.dtype, axes)])[0]
+
+
+# -- reshape -------------------------------------------------------------------
+
+
+def _blocks(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """Pair minimal runs of dims of ``a`` and ``b`` with equal products (size-1 dims dropped)."""
+    ia = [i for i, s in enumerate(a) if s != 1]
+    ib = [i for i, s in enumerate(b) if s != 1]
+    out, i, j = [], 0, 0
+    while i < len(ia) or j < len(ib):
+        ra, rb = [ia[i]], [ib[j]]
+        pa, pb = a[ia[i]], b[ib[j]]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                pa *= a[ia[i]]
+                ra.append(ia[i])
+                i += 1
+            else:
+                pb *= b[ib[j]]
+                rb.append(ib[j])
+                j += 1
+        out.append((ra, rb))
+    return out
+
+
+def _lower_reshape(ctx: Lowering, node: OpNode) -> None:
+    pairs = node.attrs  # (out dim, in dim) of dims mapped one to one
+    x = ctx.input(node.inputs[0])
+    out = ctx.output(node.outputs[0])
+    for idx in out.indices():
+        xi = [0] * len(x.shape)
+        for od, xd in pairs:
+            xi[xd] = idx[od]
+        shape = out.tile_shape(idx)
+        ctx.task(lambda o, t, s=shape: o.copy_(t.reshape(s)), [Arg(out, idx, W), Arg(x, tuple(xi), R)], "reshape")
+
+
+RESHAPE = Op("reshape", _lower_reshape)
+
+
+def reshape(x: DataNode, shape: tuple[int, ...]) -> DataNode:
+    if shape == x.shape:
+        return x
+    if math.prod(shape) != x.numel:
+        raise RuntimeError(f"shape {list(shape)} is invalid for input of size {x.numel}")
+    axes: list[AxisGroup | None] = [None] * len(shape)
+    pairs = []
+    for ra, rb in _blocks(x.shape, shape) if x.numel else []:
+        if len(ra) == 1 and len(rb) == 1:
+            axes[rb[0]] = x.axes[ra[0]]
+            pairs.append((rb[0], ra[0]))
+        else:
+            for d in ra:
+                fix(x.axes[d], "aten.view (merges or splits it)")
+            for d in rb:
+                axes[d] = new_group(shape[d])
+                fix(axes[d], "aten.view (merges or splits it)")
+    full = tuple(a if a is not None else new_group(s) for a, s in zip(axes, shape))
+    return record(RESHAPE, (x,), tuple(pairs), [(shape, x.dtype, full)])[0]
+
+
+# -- expand --------------------------------------------------------------------
+
+
+def _lower_expand(ctx: Lowering, node: OpNode) -> None:
+    x = ctx.input(node.inputs[0])
+    out = ctx.output(node.outputs[0])
+    off = len(out.shape) - len(x.shape)
+    for idx in out.indices():
+        xi = tuple(0 if s == 1 else idx[off + d] for d, s in enumerate(x.shape))
+        shape = out.tile_shape(idx)
+        ctx.task(lambda o, t, s=shape: o.copy_(t.expand(s)), [Arg(out, idx, W), Arg(x, xi, R)], "expand")
+
+
+EXPAND = Op("expand", _lower_expand)
+
+
+def expand(x: DataNode, shape: tuple[int, ...]) -> DataNode:
+    if shape == x.shape:
+        return x
+    off = len(shape) - len(x.shape)
+    axes = []
+    for d, s in enumerate(shape):
+        xd = d - off
+        if xd >= 0 and x.shape[xd] == s:
+            axes.append(x.axes[xd])
+        else:
+            axes.append(new_group(s))
+    return record(EXPAND, (x,), None, [(shape, x.dtype, tuple(axes))])[0]
+
+
+# -- general strided views, gathered on one tile --------------------------------
+
+
+def gather(arr: TileArray, tiles: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Assemble a whole value from its tiles (inside a kernel)."""
+    if len(tiles) == 1:
+        return tiles[0]
+    full = torch.empty(arr.shape, dtype=arr.dtype)
+    for idx, t in zip(arr.indices(), tiles):
+        full[arr.slices(idx)].copy_(t)
+    return full
+
+
+def _all(arr: TileArray, mode: int) -> list[Arg]:
+    return [Arg(arr, idx, mode) for idx in arr.indices()]
+
+
+def _lower_as_strided(ctx: Lowering, node: OpNode) -> None:
+    size, stride, offset = node.attrs
+    x = ctx.input(node.inputs[0])
+    out = ctx.output(node.outputs[0])
+    zero = (0,) * len(size)
+
+    def k(o: torch.Tensor, *tiles: torch.Tensor) -> None:
+        base = gather(x, tiles).reshape(-1)
+        o.copy_(base.as_strided(size, stride, offset))
+
+    ctx.task(k, [Arg(out, zero, W), *_all(x, R)], "as_strided")
+
+
+AS_STRIDED = Op("as_strided", _lower_as_strided)
+
+
+def _lower_as_strided_scatter(ctx: Lowering, node: OpNode) -> None:
+    size, stride, offset = node.attrs
+    base, src = ctx.input(node.inputs[0]), ctx.input(node.inputs[1])
+    out = ctx.output(node.outputs[0])
+    nb = math.prod(base.grid)
+
+    def k(*tiles: torch.Tensor) -> None:
+        outs, rest = tiles[:nb], tiles[nb:]
+        full = gather(base, rest[:nb]).clone().reshape(-1)
+        full.as_strided(size, stride, offset).copy_(gather(src, rest[nb:]))
+        full = full.reshape(base.shape)
+        for idx, o in zip(out.indices(), outs):
+            o.copy_(full[out.slices(idx)])
+
+    ctx.task(k, [*_all(out, W), *_all(base, R), *_all(src, R)], "as_strided_scatter")
+
+
+AS_STRIDED_SCATTER = Op("as_strided_scatter", _lower_as_strided_scatter)
+
+
+def _one_tile_axes(shape: tuple[int, ...], why: str) -> tuple[AxisGroup, ...]:
+    axes = tuple(new_group(s) for s in shape)
+    for a in axes:
+        fix(a, why)
+    return axes
+
+
+# -- geometry decoding -----------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def decode(base_shape: tuple[int, ...], sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> tuple | None:
+    """Steps (R, perm, S, expand_to) such that view = expand(reshape(permute(reshape(base, R), perm), S)).
+
+    None when the view is not a permutation of a reshape of the whole base.
+    """
+    n = math.prod(base_shape)
+    core = [(st, sz, d) for d, (sz, st) in enumerate(zip(sizes, strides)) if sz != 1 and st != 0]
+    expanded = any(sz != 1 and st == 0 for sz, st in zip(sizes, strides))
+    if offset != 0 or math.prod(sz for _, sz, _ in core) != n:
+        return None
+    order = sorted(core, key=lambda c: -c[0])
+    expect = 1
+    for st, sz, _ in reversed(order):
+        if st != expect:
+            return None
+        expect *= sz
+    r_shape = tuple(sz for _, sz, _ in order)
+    perm = tuple(order.index(c) for c in core)
+    s_shape = tuple(1 if st == 0 else sz for sz, st in zip(sizes, strides))
+    return r_shape, perm, s_shape, (sizes if expanded else None)
+
+
+def read_view(base: DataNode, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> DataNode:
+    """The value seen through a view of ``base`` (a contiguous tensor)."""
+    steps = decode(base.shape, sizes, strides, offset)
+    if steps is None:
+        return record(AS_STRIDED, (base,), (sizes, strides, offset),
+                      [(sizes, base.dtype, _one_tile_axes(sizes, "a strided view"))])[0]
+    r_shape, perm, s_shape, exp = steps
+    v = permute(reshape(base, r_shape), perm)
+    v = reshape(v, s_shape)
+    return expand(v, exp) if exp is not None else v
+
+
+def write_view(base: DataNode, value: DataNode, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> DataNode:
+    """The new base after writing ``value`` through a view of it."""
+    steps = decode(base.shape, sizes, strides, offset)
+    if steps is None or steps[3] is not None:
+        return record(AS_STRIDED_SCATTER, (base, value), (sizes, strides, offset),
+                      [(base.shape, base.dtype, base.axes)])[0]
+    r_shape, perm, s_shape, _ = steps
+    inv = tuple(perm.index(i) for i in range(len(perm)))
+    v = reshape(value, tuple(r_shape[p] for p in perm))
+    return reshape(permute(v, inv), base.shape)

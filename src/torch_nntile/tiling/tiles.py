@@ -1,0 +1,182 @@
+"""Tile grids and the lowering context that turns tensor ops into tile tasks.
+
+A ``TileArray`` is the lowered value of one data node: per dimension a tuple of
+tile sizes, and one StarPU handle per tile (flat, C order over the grid). The
+``Lowering`` context collects tasks; nothing reaches StarPU until ``run()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from torch_nntile.graph.axes import tiling_of
+from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
+
+Tiling = tuple[tuple[int, ...], ...]
+
+
+def offsets(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Start offsets of tiles with the given sizes: (3, 3, 2) -> (0, 3, 6)."""
+    out, acc = [], 0
+    for s in sizes:
+        out.append(acc)
+        acc += s
+    return tuple(out)
+
+
+class TileArray:
+    """The tiles of one value; handles are unregistered when it dies."""
+
+    __slots__ = ("shape", "dtype", "tiling", "grid", "handles", "offs", "rt", "__weakref__")
+
+    def __init__(self, rt: Runtime, shape: tuple[int, ...], dtype: torch.dtype, tiling: Tiling) -> None:
+        self.rt = rt
+        self.shape = shape
+        self.dtype = dtype
+        self.tiling = tiling
+        self.grid = tuple(len(t) for t in tiling)
+        self.offs = tuple(offsets(t) for t in tiling)
+        item = dtype.itemsize
+        self.handles = [rt.register(math.prod(ts), item) for ts in self._tile_shapes()]
+
+    def _tile_shapes(self) -> Iterator[tuple[int, ...]]:
+        return itertools.product(*self.tiling) if self.tiling else iter([()])
+
+    def indices(self) -> Iterator[tuple[int, ...]]:
+        return itertools.product(*(range(g) for g in self.grid))
+
+    def flat(self, idx: tuple[int, ...]) -> int:
+        f = 0
+        for i, g in zip(idx, self.grid):
+            f = f * g + i
+        return f
+
+    def tile_shape(self, idx: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(t[i] for t, i in zip(self.tiling, idx))
+
+    def spec(self, idx: tuple[int, ...]) -> TileSpec:
+        shape = self.tile_shape(idx)
+        return (math.prod(shape) * self.dtype.itemsize, self.dtype, shape)
+
+    def slices(self, idx: tuple[int, ...]) -> tuple[slice, ...]:
+        return tuple(slice(o[i], o[i] + t[i]) for o, t, i in zip(self.offs, self.tiling, idx))
+
+    def __del__(self) -> None:
+        try:
+            self.rt.release(self.handles)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class Arg:
+    """One tile operand of a task: which tile and how it is accessed."""
+
+    __slots__ = ("arr", "idx", "mode")
+
+    def __init__(self, arr: TileArray, idx: tuple[int, ...], mode: int) -> None:
+        self.arr, self.idx, self.mode = arr, idx, mode
+
+
+class Lowering:
+    """Collects tile tasks for one compile; values are committed at the end."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]] = []
+        self.values: dict[Any, TileArray] = {}  # node -> value produced in this compile
+        self.keep: list[TileArray] = []  # every array a task uses stays registered until submitted
+        self._tilings: dict[Any, tuple[int, ...]] = {}
+        self.ncpu = rt.ncpu
+
+    # -- planning ---------------------------------------------------------
+    def tiling(self, node: Any) -> Tiling:
+        """The tiling of a node, from the tilings of its axis groups."""
+        out = []
+        for ax in node.axes:
+            r = ax.root()
+            t = self._tilings.get(r)
+            if t is None:
+                t = self._tilings[r] = tiling_of(r)
+            out.append(t)
+        return tuple(out)
+
+    # -- values -----------------------------------------------------------
+    def output(self, node: Any) -> TileArray:
+        arr = TileArray(self.rt, node.shape, node.dtype, self.tiling(node))
+        self.values[node] = arr
+        self.keep.append(arr)
+        return arr
+
+    def temp(self, shape: tuple[int, ...], dtype: torch.dtype, tiling: Tiling | None = None) -> TileArray:
+        arr = TileArray(self.rt, shape, dtype, tiling if tiling is not None else tuple((s,) for s in shape))
+        self.keep.append(arr)
+        return arr
+
+    def input(self, node: Any, tiling: Tiling | None = None) -> TileArray:
+        """The tiles of an input node in the planned (or the given) tiling."""
+        arr = self.values.get(node)
+        if arr is None:
+            arr = node.value
+            if arr is None:
+                raise RuntimeError(f"internal error: {node!r} was neither materialized nor lowered")
+        want = tiling if tiling is not None else self.tiling(node)
+        self.keep.append(arr)
+        if arr.tiling != want:
+            arr = self.retile(arr, want)
+            if tiling is None:
+                self.values[node] = arr
+        return arr
+
+    def retile(self, src: TileArray, tiling: Tiling) -> TileArray:
+        """Copy a value into another tiling: one task per destination tile."""
+        dst = TileArray(self.rt, src.shape, src.dtype, tiling)
+        self.keep.append(dst)
+        for didx in dst.indices():
+            dsl = dst.slices(didx)
+            parts, boxes = [], []
+            for sidx in src.indices():
+                ssl = src.slices(sidx)
+                box = [(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(dsl, ssl)]
+                if all(lo < hi for lo, hi in box):
+                    parts.append(Arg(src, sidx, R))
+                    boxes.append((
+                        tuple(slice(lo - d.start, hi - d.start) for (lo, hi), d in zip(box, dsl)),
+                        tuple(slice(lo - s.start, hi - s.start) for (lo, hi), s in zip(box, ssl)),
+                    ))
+            self.task(_retile_kernel(boxes), [Arg(dst, didx, W), *parts], "retile")
+        return dst
+
+    # -- tasks ------------------------------------------------------------
+    def task(self, fn: Callable[..., None], args: list[Arg], name: str) -> None:
+        self.tasks.append((
+            fn,
+            [a.arr.handles[a.arr.flat(a.idx)] for a in args],
+            [a.mode for a in args],
+            [a.arr.spec(a.idx) for a in args],
+            name,
+        ))
+
+    def commit(self) -> None:
+        for node, arr in self.values.items():
+            node.value = arr
+        self.values = {}
+
+    def discard(self) -> None:
+        self.tasks = []
+        self.values = {}
+        self.keep = []
+
+
+def _retile_kernel(boxes: list[tuple[tuple[slice, ...], tuple[slice, ...]]]) -> Callable[..., None]:
+    def kernel(dst: torch.Tensor, *srcs: torch.Tensor) -> None:
+        for (dsl, ssl), s in zip(boxes, srcs):
+            dst[dsl].copy_(s[ssl])
+    return kernel
+
+
+__all__ = ["Arg", "Lowering", "R", "RW", "TileArray", "Tiling", "W", "offsets"]
