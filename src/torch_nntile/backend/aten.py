@@ -194,7 +194,7 @@ def _unary(name: str, fn: Callable[..., Any], floating: bool = False) -> None:
 
 for _name, _fn, _fl in [
     ("relu", lambda x, out: torch.clamp_min(x, 0, out=out), False),
-    ("neg", torch.neg, False), ("abs", torch.abs, False),
+    ("neg", torch.neg, False), ("abs", torch.abs, False), ("sgn", torch.sgn, False), ("sign", torch.sign, False),
     ("exp", torch.exp, True), ("log", torch.log, True), ("sqrt", torch.sqrt, True),
     ("rsqrt", torch.rsqrt, True), ("tanh", torch.tanh, True), ("sigmoid", torch.sigmoid, True),
     ("reciprocal", torch.reciprocal, True),

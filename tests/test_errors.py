@@ -1,0 +1,136 @@
+"""Bad input gets a clear error: wrong tiling, unsupported ops, mixed devices, kernel errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_close
+
+import torch_nntile
+
+
+def test_tiling_sum_mismatch_names_group():
+    x = torch.randn(10, 4).to("nntile")
+    torch_nntile.set_axis_group_name(x, {0: "rows_bad"})
+    with pytest.raises(ValueError, match=r"'rows_bad'.*sum to 9.*extent is 10"):
+        torch_nntile.set_axis_group_tiling("rows_bad", [5, 4])
+    with pytest.raises(ValueError, match="'rows_bad'.*positive"):
+        torch_nntile.set_axis_group_tiling("rows_bad", 0)
+
+
+def test_unknown_group_name():
+    with pytest.raises(ValueError, match="unknown axis group name 'no_such_group'"):
+        torch_nntile.set_axis_group_tiling("no_such_group", 4)
+
+
+def test_bad_dim_in_name():
+    x = torch.randn(3).to("nntile")
+    with pytest.raises(ValueError, match="dimension 2 out of range"):
+        torch_nntile.set_axis_group_name(x, {2: "z"})
+
+
+def test_untileable_dim_rejected_at_set():
+    x = torch.randn(8, 6).to("nntile")
+    torch_nntile.set_axis_group_name(x, {1: "classes_a"})
+    y = F.log_softmax(x, dim=1)
+    with pytest.raises(ValueError, match="'classes_a' cannot be tiled: aten._log_softmax"):
+        torch_nntile.set_axis_group_tiling("classes_a", 3)
+    assert_close(y.cpu(), F.log_softmax(x.cpu(), dim=1))
+
+
+def test_untileable_dim_rejected_at_compile():
+    x = torch.randn(8, 6).to("nntile")
+    torch_nntile.set_axis_group_name(x, {1: "classes_b"})
+    torch_nntile.set_axis_group_tiling("classes_b", 3)
+    y = F.log_softmax(x, dim=1)
+    with pytest.raises(ValueError, match="'classes_b'.*cannot be tiled: aten._log_softmax"):
+        y.cpu()
+    torch_nntile.set_axis_group_tiling("classes_b", None)
+    assert_close(y.cpu(), F.log_softmax(x.cpu(), dim=1))  # nothing was lost
+
+
+def test_reshape_of_tiled_dim_rejected():
+    x = torch.randn(8, 6).to("nntile")
+    torch_nntile.set_axis_group_name(x, {0: "rows_r"})
+    torch_nntile.set_axis_group_tiling("rows_r", 4)
+    y = x.reshape(48) * 2
+    with pytest.raises(ValueError, match="'rows_r'.*aten.view"):
+        y.cpu()
+    torch_nntile.set_axis_group_tiling("rows_r", None)
+    assert_close(y.cpu(), x.cpu().reshape(48) * 2)
+
+
+def test_unsupported_op_names_aten_op():
+    x = torch.randn(5).to("nntile")
+    with pytest.raises(RuntimeError, match=r"aten::cumsum.* not supported on the nntile device"):
+        torch.cumsum(x, 0)
+
+
+def test_cpu_fallback_counts_each_call():
+    torch_nntile.init_context(ncpu=2, cpu_fallback=True)
+    before = torch_nntile.fallback_counts().get("aten::cumsum", 0)
+    x = torch.randn(5)
+    xn = x.to("nntile")
+    y = torch.cumsum(xn, 0)
+    z = torch.cumsum(y * 2, 0)
+    assert y.device.type == "nntile"
+    assert_close(z.cpu(), torch.cumsum(torch.cumsum(x, 0) * 2, 0))
+    assert torch_nntile.fallback_counts()["aten::cumsum"] == before + 2
+
+
+def test_cpu_fallback_inplace_writes_back():
+    torch_nntile.init_context(ncpu=2, cpu_fallback=True)
+    x = torch.randn(6)
+    xn = x.to("nntile")
+    xn.clamp_(min=0)
+    assert_close(xn.cpu(), x.clamp(min=0))
+
+
+def test_mixed_devices():
+    x = torch.randn(3, 3).to("nntile")
+    with pytest.raises(RuntimeError, match="same device"):
+        x + torch.randn(3, 3)
+
+
+def test_kernel_error_raised_from_wait_naming_op():
+    logits = torch.randn(4, 3).to("nntile")
+    target = torch.tensor([0, 1, 7, 2]).to("nntile")  # 7 is out of range for 3 classes
+    loss = F.nll_loss(logits, target)
+    with pytest.raises(torch_nntile.KernelError, match="nll_loss_forward"):
+        loss.cpu()
+    ok = torch.randn(2, 2).to("nntile")
+    assert_close((ok + 1).cpu(), ok.cpu() + 1)  # the runtime is still usable
+
+
+def test_no_cuda_workers():
+    with pytest.raises(ValueError, match="ncuda=1"):
+        torch_nntile.init_context(ncpu=2, ncuda=1)
+    with pytest.raises(RuntimeError, match="no CUDA workers"):
+        torch_nntile.restrict_cuda()
+
+
+def test_use_after_shutdown_raises():
+    code = (
+        "import torch, torch_nntile\n"
+        "torch_nntile.init_context(ncpu=1)\n"
+        "x = torch.ones(3).to('nntile')\n"
+        "print((x * 2).cpu().tolist())\n"
+        "torch_nntile.shutdown_context()\n"
+        "try:\n"
+        "    x + 1\n"
+        "except RuntimeError as e:\n"
+        "    print('ERR', e)\n"
+        "try:\n"
+        "    x.cpu()\n"
+        "except RuntimeError as e:\n"
+        "    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "[2.0, 2.0, 2.0]"
+    assert sum("shut down" in ln for ln in lines if ln.startswith("ERR")) == 2

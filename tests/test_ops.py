@@ -1,0 +1,166 @@
+"""Forward and backward parity of every supported op against CPU PyTorch (rel. err <= 1e-5),
+untiled and with even and uneven tilings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import check_op
+
+torch.manual_seed(0)
+A = torch.randn(12, 10)
+B = torch.randn(12, 10)
+W = torch.randn(8, 10)
+BIAS = torch.randn(8)
+ROW = torch.randn(10)
+
+# tilings of the first input's dims: untiled, even, uneven
+TILINGS = [None, {(0, 0): 4, (0, 1): 5}, {(0, 0): [5, 4, 3], (0, 1): [3, 7]}]
+IDS = ["untiled", "even", "uneven"]
+
+ELEMENTWISE = {
+    "add": (lambda a, b: a + b, [A, B]),
+    "add_alpha": (lambda a, b: torch.add(a, b, alpha=0.5), [A, B]),
+    "sub": (lambda a, b: a - b, [A, B]),
+    "mul": (lambda a, b: a * b, [A, B]),
+    "div": (lambda a, b: a / (b.abs() + 1), [A, B]),
+    "add_scalar": (lambda a: a + 2.5, [A]),
+    "rsub_scalar": (lambda a: 1 - a, [A]),
+    "mul_scalar": (lambda a: a * -3, [A]),
+    "div_scalar": (lambda a: a / 4, [A]),
+    "pow": (lambda a: a ** 2, [A]),
+    "pow3": (lambda a: a.pow(3), [A]),
+    "relu": (torch.relu, [A]),
+    "bias_row": (lambda a, r: a + r, [A, ROW]),
+    "bias_row_mul": (lambda a, r: a * r, [A, ROW]),
+    "neg_exp": (lambda a: torch.exp(-a.abs()), [A]),
+}
+
+
+@pytest.mark.parametrize("tiles", TILINGS, ids=IDS)
+@pytest.mark.parametrize("name", list(ELEMENTWISE))
+def test_elementwise(name, tiles):
+    fn, inputs = ELEMENTWISE[name]
+    check_op(fn, inputs, tiles)
+
+
+REDUCTIONS = {
+    "sum": lambda a: a.sum(),
+    "sum0": lambda a: a.sum(0),
+    "sum1_keepdim": lambda a: a.sum(1, keepdim=True),
+    "mean": lambda a: a.mean(),
+    "mean0": lambda a: a.mean(0),
+    "mean1_keepdim": lambda a: a.mean(-1, keepdim=True),
+    "sum01": lambda a: a.sum((0, 1)),
+}
+
+
+@pytest.mark.parametrize("tiles", TILINGS, ids=IDS)
+@pytest.mark.parametrize("name", list(REDUCTIONS))
+def test_reductions(name, tiles):
+    check_op(REDUCTIONS[name], [A], tiles)
+
+
+MATMUL = {
+    "mm": (lambda a, w: torch.mm(a, w.t()), [A, W]),
+    "matmul": (lambda a, w: a @ w.t(), [A, W]),
+    "matmul_tt": (lambda a, w: (a.t() @ a) @ w.t() + (w @ a.t()).t().sum(), [A, W]),
+    "linear": (lambda a, w: F.linear(a, w), [A, W]),
+    "linear_bias": (lambda a, w, b: F.linear(a, w, b), [A, W, BIAS]),
+    "addmm": (lambda a, w, b: torch.addmm(b, a, w.t(), beta=0.5, alpha=2.0), [A, W, BIAS]),
+}
+MM_TILINGS = [None, {(0, 0): 4, (0, 1): 5, (1, 0): 3}, {(0, 0): [7, 5], (0, 1): [2, 8], (1, 0): [5, 3]}]
+
+
+@pytest.mark.parametrize("tiles", MM_TILINGS, ids=IDS)
+@pytest.mark.parametrize("name", list(MATMUL))
+def test_matmul(name, tiles):
+    fn, inputs = MATMUL[name]
+    check_op(fn, inputs, tiles)
+
+
+VIEWS = {
+    "view": lambda a: a.view(4, 30) * 2,
+    "reshape": lambda a: a.reshape(120) + 1,
+    "t": lambda a: a.t() * 1,
+    "transpose": lambda a: a.transpose(0, 1) + 0,
+    "permute3": lambda a: a.view(3, 4, 10).permute(2, 0, 1) * 3,
+    "unsqueeze": lambda a: a.unsqueeze(1) * 2,
+    "expand": lambda a: a[:1].expand(5, 10) * 1 if False else a.sum(0, keepdim=True).expand(6, 10) * 2,
+    "clone": lambda a: a.clone() * 2,
+    "slice": lambda a: a[2:7, 1:4] * 2,
+}
+
+
+@pytest.mark.parametrize("tiles", [None, {(0, 0): 4}], ids=["untiled", "tiled"])
+@pytest.mark.parametrize("name", list(VIEWS))
+def test_views(name, tiles):
+    if name in ("view", "reshape", "permute3") and tiles:
+        pytest.skip("merging a tiled dim in a reshape is rejected (see test_errors)")
+    check_op(VIEWS[name], [A], tiles)
+
+
+@pytest.mark.parametrize("tiles", [None, {(0, 0): 4}, {(0, 0): [5, 7]}], ids=IDS)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy(tiles, reduction):
+    target = torch.randint(0, 10, (12,))
+    check_op(lambda a, t: F.cross_entropy(a, t, reduction=reduction), [A, target], tiles)
+
+
+@pytest.mark.parametrize("tiles", [None, {(0, 0): 4}], ids=["untiled", "tiled"])
+def test_cross_entropy_ignore_index_and_none(tiles):
+    target = torch.randint(0, 10, (12,))
+    target[3] = -100
+    check_op(lambda a, t: F.cross_entropy(a, t), [A, target], tiles)
+    check_op(lambda a, t: F.cross_entropy(a, t, reduction="none"), [A, target], tiles)
+
+
+@pytest.mark.parametrize("tiles", [None, {(0, 0): 4}], ids=["untiled", "tiled"])
+def test_log_softmax(tiles):
+    check_op(lambda a: F.log_softmax(a, dim=-1), [A], tiles)
+
+
+def _inplace_chain(a, b):
+    c = a * 1
+    c.add_(b)
+    c.mul_(2)
+    c.sub_(b, alpha=0.5)
+    c.div_(3)
+    return c
+
+
+@pytest.mark.parametrize("tiles", TILINGS, ids=IDS)
+def test_inplace(tiles):
+    check_op(_inplace_chain, [A, B], tiles)
+
+
+@pytest.mark.parametrize("tiles", [None, {(0, 0): 4}], ids=["untiled", "tiled"])
+def test_fill_zero_copy(tiles):
+    def fn(a, b):
+        c = a * 1
+        c.copy_(b)
+        d = a * 1
+        d.fill_(3.0)
+        e = a * 1
+        e.zero_()
+        return c + d + e
+    check_op(fn, [A, B], tiles)
+
+
+def test_inplace_through_view():
+    def fn(a):
+        c = a * 1
+        c.t().mul_(2)
+        c[1:3].add_(1)
+        return c
+    check_op(fn, [A])
+
+
+def test_dtype_conversion():
+    def fn(a):
+        return (a.double() * 2).float()
+    check_op(fn, [A])
+    x = torch.arange(6).to("nntile")
+    assert torch.equal((x * 2).cpu(), torch.arange(6) * 2)
+    assert (x / 2).dtype == torch.float32
