@@ -109,30 +109,29 @@ def reduce_into(
     """Sum contributions into one output tile.
 
     Each part is ``(write, accumulate, args)``. With enough output tiles to keep
-    the workers busy, parts accumulate in place one after another; otherwise
-    they go to temporary tiles in parallel and are summed as a binary tree.
+    the workers busy, parts accumulate in place one after another. Otherwise they
+    are dealt into one chain per worker (the first into the output tile, the rest
+    into temporary tiles) that run in parallel and are summed pairwise at the end.
     """
-    write, _, args = parts[0]
-    ctx.task(write, [Arg(out, idx, W), *args], name)
-    if len(parts) > 1 and n_out_tiles >= 2 * ctx.ncpu:
-        for _, acc, args in parts[1:]:
-            ctx.task(acc, [Arg(out, idx, RW), *args], name)
-    elif len(parts) > 1:
-        shape = out.tile_shape(idx)
-        zero = (0,) * len(shape)
-        level = [(out, idx)]
-        for write, _, args in parts[1:]:
-            tmp = ctx.temp(shape, out.dtype)
-            ctx.task(write, [Arg(tmp, zero, W), *args], name)
-            level.append((tmp, zero))
-        while len(level) > 1:
-            nxt = []
-            for i in range(0, len(level) - 1, 2):
-                (a, ai), (b, bi) = level[i], level[i + 1]
-                ctx.task(_add_kernel, [Arg(a, ai, RW), Arg(b, bi, R)], name)
-                nxt.append((a, ai))
-            if len(level) % 2:
-                nxt.append(level[-1])
-            level = nxt
+    nchains = 1 if n_out_tiles >= 2 * ctx.ncpu else min(ctx.ncpu, len(parts))
+    shape = out.tile_shape(idx)
+    zero = (0,) * len(shape)
+    heads: list[tuple[TileArray, tuple[int, ...]]] = [(out, idx)]
+    for _ in range(1, nchains):
+        heads.append((ctx.temp(shape, out.dtype), zero))
+    n = len(parts)
+    for c, (arr, aidx) in enumerate(heads):
+        chain = parts[c * n // nchains:(c + 1) * n // nchains]  # never empty: nchains <= n
+        for j, (write, acc, args) in enumerate(chain):
+            ctx.task(write if j == 0 else acc, [Arg(arr, aidx, W if j == 0 else RW), *args], name)
+    while len(heads) > 1:
+        nxt = []
+        for i in range(0, len(heads) - 1, 2):
+            (a, ai), (b, bi) = heads[i], heads[i + 1]
+            ctx.task(_add_kernel, [Arg(a, ai, RW), Arg(b, bi, R)], name)
+            nxt.append((a, ai))
+        if len(heads) % 2:
+            nxt.append(heads[-1])
+        heads = nxt
     if finish is not None:
         ctx.task(finish, [Arg(out, idx, RW)], name)

@@ -114,10 +114,10 @@ def _lower_nll(ctx: Lowering, node: OpNode) -> None:
 
     def partial(lo: torch.Tensor, two: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
         weight = wt[0] if wt else None
-        l, _ = torch.ops.aten.nll_loss_forward(xt, tt, weight, SUM_RED, ignore_index)
+        total, _ = torch.ops.aten.nll_loss_forward(xt, tt, weight, SUM_RED, ignore_index)
         mask = tt != ignore_index
         two.copy_(mask.sum() if weight is None else weight[tt[mask]].sum())
-        lo.copy_(l)
+        lo.copy_(total)
 
     if reduction == NONE:
         def rows(lo: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:

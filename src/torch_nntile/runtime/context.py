@@ -160,7 +160,8 @@ def _bind_callback(ffi: Any) -> None:
                 addr = int(cast("uintptr_t", ptrs[i]))
                 flat = _TENSOR_CACHE.get((addr, nbytes))
                 if flat is None:
-                    flat = torch.frombuffer(buffer(ptrs[i], nbytes), dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+                    flat = (torch.frombuffer(buffer(ptrs[i], nbytes), dtype=torch.uint8) if nbytes
+                            else torch.empty(0, dtype=torch.uint8))
                     if len(_TENSOR_CACHE) > 100_000:
                         _TENSOR_CACHE.clear()
                     _TENSOR_CACHE[(addr, nbytes)] = flat

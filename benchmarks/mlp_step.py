@@ -1,0 +1,75 @@
+"""One training step of the bias-free ReLU MLP 784-1024x4-10 (batch 1024, cross-entropy,
+SGD): nntile on StarPU and CPU eager, timed side by side in one process.
+
+Prints the median step time of each (warm-up excluded) and, last, the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import torch_nntile
+from torch_nntile.nn.model import DeepReLU
+
+
+def _step(model, opt, x, y) -> float:
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()  # on nntile this flushes and waits
+
+
+def _time(model, opt, x, y, warmup: int, steps: int) -> list[float]:
+    for _ in range(warmup):
+        _step(model, opt, x, y)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        _step(model, opt, x, y)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--tile", type=int, default=256, help="batch tile size on nntile")
+    ap.add_argument("--ncpu", type=int, default=2)
+    args = ap.parse_args()
+
+    torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=False)
+    torch.manual_seed(0)
+    cpu_model = DeepReLU(784, 1024, 10, depth=5)
+    dev_model = copy.deepcopy(cpu_model).to("nntile")
+    x = torch.randn(args.batch, 784)
+    y = torch.randint(0, 10, (args.batch,))
+    xn, yn = x.to("nntile"), y.to("nntile")
+    torch_nntile.set_axis_group_name(xn, {0: "batch"})
+    torch_nntile.set_axis_group_tiling("batch", args.tile)
+
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.01)
+    dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.01)
+    # Interleave the two so that machine noise hits both alike.
+    cpu_t, dev_t = [], []
+    for rnd in range(2):
+        cpu_t += _time(cpu_model, cpu_opt, x, y, args.warmup if rnd == 0 else 1, args.steps // 2 or 1)
+        dev_t += _time(dev_model, dev_opt, xn, yn, args.warmup if rnd == 0 else 1, args.steps // 2 or 1)
+    cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
+    print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
+    print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {len(cpu_t)} steps")
+    print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {len(dev_t)} steps (batch tile {args.tile})")
+    print(f"ratio nntile/cpu: {dev_med / cpu_med:.2f}")
+    torch_nntile.shutdown_context()
+
+
+if __name__ == "__main__":
+    main()
