@@ -44,9 +44,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--tile", type=int, default=256, help="batch tile size on nntile")
     ap.add_argument("--ncpu", type=int, default=2)
+    ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
     args = ap.parse_args()
 
-    torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=False)
+    torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=False, scheduler=args.scheduler)
     torch.manual_seed(0)
     cpu_model = DeepReLU(784, 1024, 10, depth=5)
     dev_model = copy.deepcopy(cpu_model).to("nntile")
