@@ -16,7 +16,7 @@ $(VENV)/.done: pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q setuptools wheel cffi numpy pytest ruff
+	$(VPY) -m pip install -q setuptools wheel cffi numpy pytest ruff pydot
 	$(VPY) -m pip install -q --no-build-isolation -e .
 	touch $@
 

@@ -26,25 +26,22 @@ def _step(model, opt, x, y) -> float:
     return loss.item()  # on nntile this flushes and waits
 
 
-def _time(model, opt, x, y, warmup: int, steps: int) -> list[float]:
-    for _ in range(warmup):
-        _step(model, opt, x, y)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        _step(model, opt, x, y)
-        times.append(time.perf_counter() - t0)
-    return times
+def _timed_step(model, opt, x, y) -> float:
+    t0 = time.perf_counter()
+    _step(model, opt, x, y)
+    return time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--tile", type=int, default=256, help="batch tile size on nntile")
     ap.add_argument("--ncpu", type=int, default=2)
     ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
+    ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
+    ap.add_argument("--trace", metavar="PATH", help="write a Chrome trace of one extra nntile step")
     args = ap.parse_args()
 
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=False, scheduler=args.scheduler)
@@ -59,15 +56,26 @@ def main() -> None:
 
     cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.01)
     dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.01)
-    # Interleave the two so that machine noise hits both alike.
+    for _ in range(args.warmup):
+        _step(cpu_model, cpu_opt, x, y)
+        _step(dev_model, dev_opt, xn, yn)
+    torch_nntile.reset_info()
+    # Alternate single steps so that machine noise hits both alike.
     cpu_t, dev_t = [], []
-    for rnd in range(2):
-        cpu_t += _time(cpu_model, cpu_opt, x, y, args.warmup if rnd == 0 else 1, args.steps // 2 or 1)
-        dev_t += _time(dev_model, dev_opt, xn, yn, args.warmup if rnd == 0 else 1, args.steps // 2 or 1)
+    for _ in range(args.steps):
+        cpu_t.append(_timed_step(cpu_model, cpu_opt, x, y))
+        dev_t.append(_timed_step(dev_model, dev_opt, xn, yn))
     cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {len(cpu_t)} steps")
     print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {len(dev_t)} steps (batch tile {args.tile})")
+    if args.report:
+        print(torch_nntile.format_info())
+        print(torch_nntile.metrics_report())
+    if args.trace:
+        with torch_nntile.trace(args.trace):
+            _step(dev_model, dev_opt, xn, yn)
+        print(f"trace of one step written to {args.trace}")
     print(f"ratio nntile/cpu: {dev_med / cpu_med:.2f}")
     torch_nntile.shutdown_context()
 

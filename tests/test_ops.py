@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check_op
+from conftest import assert_close, check_op
+
+import torch_nntile
 
 torch.manual_seed(0)
 A = torch.randn(12, 10)
@@ -164,3 +166,16 @@ def test_dtype_conversion():
     x = torch.arange(6).to("nntile")
     assert torch.equal((x * 2).cpu(), torch.arange(6) * 2)
     assert (x / 2).dtype == torch.float32
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (4, 6), (5, 5)])
+def test_linear_reads_transposed_weight_without_copy(shape):
+    """F.linear(x, W) multiplies by W.t(): the transpose is folded into the mm kernel
+    for square and non-square weights alike (no permute copy is recorded)."""
+    out_f, in_f = shape
+    x = torch.randn(3, in_f).to("nntile")
+    w = torch.randn(out_f, in_f).to("nntile")
+    torch_nntile.execute()
+    y = torch.nn.functional.linear(x, w)
+    assert torch_nntile.pending_op_names() == ["mm"]
+    assert_close(y.cpu(), torch.nn.functional.linear(x.cpu(), w.cpu()))

@@ -11,20 +11,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from torch_nntile import backend as _backend  # noqa: F401  (registers the device)
+from torch_nntile import stats as _stats
 from torch_nntile.backend.device import read as _read
-from torch_nntile.backend.fallback import FALLBACK_COUNTS
 from torch_nntile.graph import axes as _axes
-from torch_nntile.graph.nodes import SESSION as _GRAPH
+from torch_nntile.report import (
+    dump_graph,
+    format_info,
+    format_pending_data_sizes,
+    info,
+    metrics,
+    metrics_report,
+    pending_op_names,
+    print_info,
+    reset_info,
+    start_trace,
+    stop_trace,
+    trace,
+)
 from torch_nntile.runtime.context import WHERE_ANY, WHERE_CPU, KernelError
 from torch_nntile.session import SESSION_STATE as _S
 
+Progress = bool | Callable[[int, int], None] | None
+
 __all__ = [
-    "KernelError", "compile_graph", "execute", "fallback_counts", "format_axis_groups", "init_context",
-    "pending_op_names", "print_axis_groups", "restore_where", "restrict_cpu", "restrict_cuda", "run",
-    "set_axis_group_name", "set_axis_group_tiling", "shutdown_context", "wait",
+    "KernelError", "compile_graph", "dump_graph", "execute", "fallback_counts", "format_axis_groups",
+    "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
+    "pending_op_names", "print_axis_groups", "print_info", "reset_info", "restore_where", "restrict_cpu",
+    "restrict_cuda", "run", "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
+    "start_trace", "stop_trace", "trace", "wait",
 ]
 
 # Parameters are swapped, not re-wrapped, by Module.to(): tied weights stay tied.
@@ -47,19 +66,20 @@ def compile_graph() -> None:
     _S.compile()
 
 
-def run() -> None:
-    """Submit compiled tasks to StarPU; returns at once."""
-    _S.run()
+def run(progress: Progress = None) -> None:
+    """Submit compiled tasks to StarPU; returns at once. ``progress``: a callback
+    ``(tasks done, total)``, or True for a bar on stderr, fed by the next wait."""
+    _S.run(progress)
 
 
-def wait() -> None:
+def wait(progress: Progress = None) -> None:
     """Wait for submitted tasks; re-raises a kernel's exception naming its op."""
-    _S.wait()
+    _S.wait(progress)
 
 
-def execute() -> None:
+def execute(progress: Progress = None) -> None:
     """compile_graph() + run()."""
-    _S.execute()
+    _S.execute(progress)
 
 
 def set_axis_group_name(tensor: torch.Tensor, names: dict[int, str]) -> None:
@@ -104,8 +124,4 @@ def restore_where() -> None:
 
 def fallback_counts() -> dict[str, int]:
     """How often each ATen op ran on the CPU fallback."""
-    return dict(FALLBACK_COUNTS)
-
-
-def pending_op_names() -> list[str]:
-    return _GRAPH.pending_names()
+    return dict(_stats.FALLBACK_CALLS)

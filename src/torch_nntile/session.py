@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import atexit
+import itertools
+import os
+import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from torch_nntile import stats
+from torch_nntile.graph.dot import tensor_dot
 from torch_nntile.graph.nodes import SESSION, DataNode, lower_pending
 from torch_nntile.ops.data import readout
 from torch_nntile.runtime.context import Runtime
@@ -22,6 +28,8 @@ class Session:
         self.compiled: Lowering | None = None
         self.lock = threading.RLock()
         self.config: tuple[Any, ...] | None = None
+        self.progress: Callable[[int, int], None] | None = None  # set by run(progress=...), used by the next wait
+        self._dumps = itertools.count()
 
     def init(self, ncpu: int, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
         if ncuda:
@@ -53,35 +61,69 @@ class Session:
         """Lower the pending graph into tile tasks (nothing runs yet)."""
         with self.lock:
             rt = self.runtime()
-            ctx = lower_pending(SESSION, lambda: Lowering(rt))
+            t0 = stats.enter()
+            try:
+                folder = os.environ.get("TORCH_NNTILE_DUMP_GRAPH")
+                if folder:
+                    self._dump(folder)
+                ctx = lower_pending(SESSION, lambda: Lowering(rt))
+            finally:
+                stats.leave("compile", t0)
             if self.compiled is not None:
                 self.compiled.tasks.extend(ctx.tasks)
                 self.compiled.keep.extend(ctx.keep)
             else:
                 self.compiled = ctx
 
-    def run(self) -> None:
-        """Submit compiled tasks to StarPU and return at once."""
+    def _dump(self, folder: str) -> None:
+        """TORCH_NNTILE_DUMP_GRAPH=folder: the tensor graph of every compile as DOT."""
+        ops = SESSION.snapshot()
+        if ops:
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"graph_{os.getpid()}_{next(self._dumps):05d}.dot")
+            with open(path, "w") as f:
+                f.write(tensor_dot(ops))
+
+    def run(self, progress: bool | Callable[[int, int], None] | None = None) -> None:
+        """Submit compiled tasks to StarPU and return at once.
+
+        ``progress`` (a callback ``(done, total)``, or True for a bar on stderr) is
+        reported by the next ``wait()``.
+        """
         with self.lock:
+            if progress is not None:
+                self.progress = progress_bar if progress is True else progress or None
             if self.compiled is None:
                 return
             ctx, self.compiled = self.compiled, None
-            self.runtime().submit(ctx.tasks)
+            t0 = stats.enter()
+            try:
+                self.runtime().submit(ctx.tasks)
+            finally:
+                stats.leave("run", t0)
 
-    def execute(self) -> None:
+    def execute(self, progress: bool | Callable[[int, int], None] | None = None) -> None:
         with self.lock:
             self.compile()
-            self.run()
+            self.run(progress)
 
-    def wait(self) -> None:
+    def wait(self, progress: bool | Callable[[int, int], None] | None = None) -> None:
         with self.lock:
-            self.runtime().wait()
+            hook = progress_bar if progress is True else progress or self.progress
+            self.progress = None
+            t0 = stats.enter()
+            try:
+                self.runtime().wait(hook)
+            finally:
+                stats.leave("wait", t0)
 
     def to_cpu(self, node: DataNode) -> torch.Tensor:
         """Flush everything pending, then gather ``node`` into a CPU tensor."""
         with self.lock:
             if node.value is None or SESSION.pending or self.compiled is not None:
                 self.execute()
+            if self.progress is not None:
+                self.wait()
             return readout(self.runtime(), node)
 
     def shutdown(self) -> None:
@@ -91,6 +133,16 @@ class Session:
             if self.rt is not None and self.rt.alive:
                 self.rt.shutdown()
                 self.shut_down = True
+
+
+def progress_bar(done: int, total: int) -> None:
+    """The ``progress=True`` display: one line on stderr, redrawn in place."""
+    width = 30
+    fill = width * done // total if total else width
+    sys.stderr.write(f"\rtorch_nntile [{'#' * fill}{'.' * (width - fill)}] {done}/{total} tasks")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
 
 
 SESSION_STATE = Session()

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from torch_nntile import stats
 from torch_nntile.backend.device import (
     DEVICE,
     cast,
@@ -43,9 +44,21 @@ def _check_live() -> None:
 
 
 def _register(name: str, fn: Callable[..., Any]) -> None:
+    """Register ``fn`` for an ATen overload, counting its calls and record time."""
     if name.endswith(".default"):
         name = name[: -len(".default")]
-    _LIB.impl(name, fn, "PrivateUse1")
+    key = f"aten::{name}"
+    calls, enter, leave = stats.OP_CALLS, stats.enter, stats.leave
+
+    def recorded(*args: Any, **kw: Any) -> Any:
+        calls[key] += 1
+        t0 = enter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            leave("record", t0)
+
+    _LIB.impl(name, recorded, "PrivateUse1")
     REGISTERED.add(name)
 
 

@@ -123,7 +123,7 @@ def read_transposable(t: torch.Tensor) -> tuple[DataNode, bool]:
         base = _buf(t).node
         st = t.stride()
         if (len(base.shape) == 2 and t.storage_offset() == 0 and base.shape == (t.shape[1], t.shape[0])
-                and st == (1, t.shape[1]) and t.shape[0] != 1 and t.shape[1] != 1):
+                and st == (1, t.shape[0]) and t.shape[0] != 1 and t.shape[1] != 1):
             return base, True
     return read(t), False
 

@@ -7,17 +7,18 @@ is counted per op name. Otherwise a ``RuntimeError`` names the op.
 
 from __future__ import annotations
 
-from collections import Counter
+import warnings
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
+from torch_nntile import stats
 from torch_nntile.backend.device import DEVICE, from_cpu, ingress, to_cpu, write
 from torch_nntile.session import SESSION_STATE
 
-FALLBACK_COUNTS: Counter[str] = Counter()
 _LIB = torch.library.Library("_", "IMPL")
+_WARNED: set[str] = set()  # ops already warned about under TORCH_NNTILE_DEBUG
 
 
 def op_name(op: Any) -> str:
@@ -34,7 +35,24 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
             f"torch_nntile: {name} is not supported on the nntile device "
             "(init_context(cpu_fallback=True) runs unsupported ops on the CPU)"
         )
-    FALLBACK_COUNTS[name.split(".")[0]] += 1
+    base = name.split(".")[0]
+    stats.OP_CALLS[name] += 1
+    stats.FALLBACK_CALLS[base] += 1
+    if base not in stats.FALLBACK_SOURCE:
+        src = stats.FALLBACK_SOURCE[base] = stats.user_frame()
+        if base not in _WARNED and stats.env_flag("TORCH_NNTILE_DEBUG"):
+            _WARNED.add(base)
+            warnings.warn(f"torch_nntile: {base} is not implemented on nntile and runs on the CPU "
+                          f"(first call from {src})", RuntimeWarning, stacklevel=2)
+    t0 = stats.enter()
+    try:
+        return _run_on_cpu(op, args, kwargs)
+    finally:
+        stats.leave("fallback", t0)
+
+
+def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
+    """Gather the inputs, run ``op`` on the CPU, move results and mutations back."""
     originals: dict[int, torch.Tensor] = {}
 
     def to_host(x: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from torch_nntile import stats
 from torch_nntile.graph.axes import AxisGroup, new_group
 
 
@@ -24,6 +25,8 @@ class OpDef(Protocol):
     name: str
 
     def lower(self, ctx: Any, node: OpNode) -> None: ...
+
+    def label(self, node: OpNode) -> str: ...
 
 
 class DataNode:
@@ -50,7 +53,7 @@ class DataNode:
         return n
 
     def __repr__(self) -> str:
-        src = self.op.opdef.name if self.op is not None else "materialized"
+        src = self.op.label if self.op is not None else "materialized"
         return f"DataNode({list(self.shape)}, {self.dtype}, {src})"
 
 
@@ -62,6 +65,11 @@ class OpNode:
         self.inputs = inputs
         self.outputs: tuple[DataNode, ...] = ()
         self.attrs = attrs
+
+    @property
+    def label(self) -> str:
+        """The op's name for people: the kernel's name for elementwise maps."""
+        return self.opdef.label(self)
 
 
 class TensorGraph:
@@ -95,7 +103,11 @@ class TensorGraph:
 
     def pending_names(self) -> list[str]:
         with self.lock:
-            return [op.opdef.name for op in self.pending]
+            return [op.label for op in self.pending]
+
+    def snapshot(self) -> list[OpNode]:
+        with self.lock:
+            return list(self.pending)
 
 
 def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any]) -> Any:
@@ -107,8 +119,17 @@ def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any]) -> Any:
     ops = graph.take()
     ctx = make_ctx()
     try:
-        for op in ops:
-            op.opdef.lower(ctx, op)
+        t0 = stats.enter()
+        try:
+            ctx.plan(ops)
+        finally:
+            stats.leave("compile.axis_groups", t0)
+        t0 = stats.enter()
+        try:
+            for op in ops:
+                op.opdef.lower(ctx, op)
+        finally:
+            stats.leave("compile.lowering", t0)
     except BaseException:
         ctx.discard()
         with graph.lock:

@@ -21,11 +21,16 @@ Kernel = Callable[..., None]
 class Op:
     """A tensor-level op: ``lower(ctx, opnode)`` emits its tile tasks."""
 
-    __slots__ = ("name", "lower")
+    __slots__ = ("name", "lower", "_label")
 
-    def __init__(self, name: str, lower: Callable[[Lowering, OpNode], None]) -> None:
+    def __init__(self, name: str, lower: Callable[[Lowering, OpNode], None],
+                 label: Callable[[OpNode], str] | None = None) -> None:
         self.name = name
         self.lower = lower
+        self._label = label
+
+    def label(self, node: OpNode) -> str:
+        return self._label(node) if self._label is not None else self.name
 
     def __repr__(self) -> str:
         return f"Op({self.name})"
@@ -81,7 +86,7 @@ def _lower_map(ctx: Lowering, node: OpNode) -> None:
         ctx.task(fn, args, name)
 
 
-MAP = Op("map", _lower_map)
+MAP = Op("map", _lower_map, lambda node: node.attrs[1])
 
 
 def map_op(name: str, fn: Kernel, inputs: list[DataNode], dtype: torch.dtype) -> DataNode:

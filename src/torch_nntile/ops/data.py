@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.ops.base import Op, record
 from torch_nntile.runtime.context import Runtime
@@ -23,7 +26,10 @@ INGRESS = Op("ingress", _lower_ingress)
 
 def ingress(cpu: torch.Tensor) -> DataNode:
     """A node holding a copy of a CPU tensor (copied now, tiled at compile)."""
+    t0 = stats.enter()
     src = cpu.detach().clone(memory_format=torch.contiguous_format)
+    stats.COUNTS["bytes_in"] += src.numel() * src.element_size()
+    stats.leave("ingress", t0)
     return record(INGRESS, (), src, [(tuple(src.shape), src.dtype, None)])[0]
 
 
@@ -42,13 +48,28 @@ def fill(shape: tuple[int, ...], dtype: torch.dtype, value: float | int | bool, 
 
 
 def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
-    """Copy a materialized node's tiles into a new CPU tensor (waits)."""
-    arr = node.value
-    cpu = torch.empty(node.shape, dtype=node.dtype)
-    ctx = Lowering(rt)
-    for idx in arr.indices():
-        view = cpu[arr.slices(idx)]
-        ctx.task(lambda t, v=view: v.copy_(t), [Arg(arr, idx, R)], "readout")
-    rt.submit(ctx.tasks)
-    rt.wait()
-    return cpu
+    """Copy a materialized node's tiles into a new CPU tensor (waits).
+
+    Under a dry-run switch the tiles hold nothing meaningful (or nothing at all):
+    the result is zeros and a warning says so.
+    """
+    t0 = stats.enter()
+    try:
+        arr = node.value
+        dry = rt.dry_run
+        cpu = (torch.zeros if dry else torch.empty)(node.shape, dtype=node.dtype)
+        if dry:
+            warnings.warn(f"torch_nntile: {dry} is set; values read back are zeros, not results",
+                          RuntimeWarning, stacklevel=2)
+            rt.wait()  # what was submitted still completes (and idle workers pause)
+        else:
+            ctx = Lowering(rt)
+            for idx in arr.indices():
+                view = cpu[arr.slices(idx)]
+                ctx.task(lambda t, v=view: v.copy_(t), [Arg(arr, idx, R)], "readout")
+            rt.submit(ctx.tasks)
+            rt.wait()
+        stats.COUNTS["bytes_out"] += cpu.numel() * cpu.element_size()
+        return cpu
+    finally:
+        stats.leave("readout", t0)

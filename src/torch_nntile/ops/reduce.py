@@ -112,13 +112,6 @@ def _lower_nll(ctx: Lowering, node: OpNode) -> None:
     wargs = [Arg(w, (0,), R)] if w is not None else []
     nb = x.grid[0]
 
-    def partial(lo: torch.Tensor, two: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
-        weight = wt[0] if wt else None
-        total, _ = torch.ops.aten.nll_loss_forward(xt, tt, weight, SUM_RED, ignore_index)
-        mask = tt != ignore_index
-        two.copy_(mask.sum() if weight is None else weight[tt[mask]].sum())
-        lo.copy_(total)
-
     if reduction == NONE:
         def rows(lo: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
             weight = wt[0] if wt else None
@@ -127,30 +120,38 @@ def _lower_nll(ctx: Lowering, node: OpNode) -> None:
             ctx.task(rows, [Arg(loss, (i,), W), Arg(x, (i, 0), R), Arg(t, (i,), R), *wargs], "nll_loss_forward")
         ctx.task(lambda o: o.fill_(0), [Arg(tw, (), W)], "nll_loss_forward")
         return
+
+    # The total weight depends on the targets only: computed apart from the loss,
+    # the backward of one row tile need not wait for the forward of the others.
+    def weight_part(two: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
+        mask = tt != ignore_index
+        two.copy_(mask.sum() if not wt else wt[0][tt[mask]].sum())
+
+    def loss_part(lo: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
+        weight = wt[0] if wt else None
+        lo.copy_(torch.ops.aten.nll_loss_forward(xt, tt, weight, SUM_RED, ignore_index)[0])
+
+    def total(acc: torch.Tensor, *parts: torch.Tensor) -> None:
+        acc.copy_(torch.stack(parts).sum())
+
+    def mean(lo: torch.Tensor, two: torch.Tensor) -> None:
+        lo.div_(two)
+
     if nb == 1:
-        ctx.task(partial, [Arg(loss, (), W), Arg(tw, (), W), Arg(x, (0, 0), R), Arg(t, (0,), R), *wargs], "nll_loss_forward")
-        parts = [(loss, tw)]
+        ctx.task(weight_part, [Arg(tw, (), W), Arg(t, (0,), R), *wargs], "nll_loss_forward")
+        ctx.task(loss_part, [Arg(loss, (), W), Arg(x, (0, 0), R), Arg(t, (0,), R), *wargs], "nll_loss_forward")
     else:
-        parts = []
+        pws, pls = [], []
         for i in range(nb):
-            pl, pw = ctx.temp((), loss.dtype), ctx.temp((), tw.dtype)
-            ctx.task(partial, [Arg(pl, (), W), Arg(pw, (), W), Arg(x, (i, 0), R), Arg(t, (i,), R), *wargs], "nll_loss_forward")
-            parts.append((pl, pw))
-    mean = reduction == MEAN
-
-    def combine(lo: torch.Tensor, two: torch.Tensor, *p: torch.Tensor) -> None:
-        if p:
-            lo.copy_(torch.stack(p[0::2]).sum())
-            two.copy_(torch.stack(p[1::2]).sum())
-        if mean:
-            lo.div_(two)
-
-    if nb == 1:
-        if mean:
-            ctx.task(lambda lo, two: lo.div_(two), [Arg(loss, (), RW), Arg(tw, (), R)], "nll_loss_forward")
-        return
-    pargs = [Arg(a, (), R) for pair in parts for a in pair]
-    ctx.task(combine, [Arg(loss, (), W), Arg(tw, (), W), *pargs], "nll_loss_forward")
+            pw, pl = ctx.temp((), tw.dtype), ctx.temp((), loss.dtype)
+            ctx.task(weight_part, [Arg(pw, (), W), Arg(t, (i,), R), *wargs], "nll_loss_forward")
+            ctx.task(loss_part, [Arg(pl, (), W), Arg(x, (i, 0), R), Arg(t, (i,), R), *wargs], "nll_loss_forward")
+            pws.append(Arg(pw, (), R))
+            pls.append(Arg(pl, (), R))
+        ctx.task(total, [Arg(tw, (), W), *pws], "nll_loss_forward")
+        ctx.task(total, [Arg(loss, (), W), *pls], "nll_loss_forward")
+    if reduction == MEAN:
+        ctx.task(mean, [Arg(loss, (), RW), Arg(tw, (), R)], "nll_loss_forward")
 
 
 NLL = Op("nll_loss_forward", _lower_nll)

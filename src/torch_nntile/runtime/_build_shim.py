@@ -13,10 +13,11 @@ from cffi import FFI
 
 CDEF = """
 typedef void *tnt_handle;
-extern "Python" void _tnt_kernel(int64_t key, void **ptrs, int n, int worker);
+extern "Python" void _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker);
 int tnt_init(int ncpu, const char *sched);
 void tnt_shutdown(void);
 int tnt_ncpu(void);
+int tnt_nworkers(void);
 void tnt_pause(void);
 void tnt_resume(void);
 tnt_handle tnt_register(uint32_t nelems, size_t elemsize);
@@ -32,15 +33,15 @@ SOURCE = r"""
 #include <string.h>
 
 typedef void *tnt_handle;
-static void _tnt_kernel(int64_t key, void **ptrs, int n, int worker);
+static void _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker);
 
 static void tnt_cpu_func(void *buffers[], void *cl_arg)
 {
     struct starpu_task *task = starpu_task_get_current();
     int n = STARPU_TASK_GET_NBUFFERS(task);
-    void *ptrs[n > 0 ? n : 1];
+    uintptr_t ptrs[n > 0 ? n : 1];
     for (int i = 0; i < n; i++)
-        ptrs[i] = (void *)STARPU_VECTOR_GET_PTR(buffers[i]);
+        ptrs[i] = STARPU_VECTOR_GET_PTR(buffers[i]);
     _tnt_kernel((int64_t)(intptr_t)cl_arg, ptrs, n, starpu_worker_get_id());
 }
 
@@ -66,6 +67,7 @@ int tnt_init(int ncpu, const char *sched)
 
 void tnt_shutdown(void) { starpu_shutdown(); }
 int tnt_ncpu(void) { return (int)starpu_cpu_worker_get_count(); }
+int tnt_nworkers(void) { return (int)starpu_worker_get_count(); }
 void tnt_pause(void) { starpu_pause(); }
 void tnt_resume(void) { starpu_resume(); }
 

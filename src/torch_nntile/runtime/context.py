@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from torch_nntile import stats
 
 R, W, RW = 1, 2, 3  # STARPU_R, STARPU_W, STARPU_RW
 WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
@@ -43,6 +46,11 @@ class Runtime:
         if rc != 0:
             raise RuntimeError(f"starpu_init failed with code {rc}")
         self.ncpu = int(self.lib.tnt_ncpu())
+        stats.ensure_workers(int(self.lib.tnt_nworkers()))
+        # Dry-run switches (read once per context): time the host side alone.
+        self.skip_starpu = stats.env_flag("TORCH_NNTILE_SKIP_STARPU")
+        global _SKIP_KERNELS
+        _SKIP_KERNELS = stats.env_flag("TORCH_NNTILE_SKIP_KERNELS")
         self.alive = True
         self.paused = False
         self.where = WHERE_ANY
@@ -50,6 +58,7 @@ class Runtime:
         self._doomed: list[Any] = []  # handles whose data died; unregistered from the main thread
         self._lock = threading.Lock()
         self.tasks_submitted = 0
+        self._waited = (0, self.tasks_done())  # (submitted, done) at the last wait: progress counts from there
         self.pause()
         global _CURRENT
         _CURRENT = self
@@ -73,30 +82,61 @@ class Runtime:
     def submit(self, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]]) -> None:
         """Submit tasks (kernel, handles, modes, specs, name) in order; returns at once."""
         self.check_alive()
-        if self.paused:
-            self.lib.tnt_resume()
-            self.paused = False
+        if self.skip_starpu:
+            stats.COUNTS["tasks_skipped"] += len(tasks)
+            self._flush_releases()
+            return
+        # Workers stay paused while the batch goes in: a Python submit loop racing
+        # Python kernels for the GIL costs up to 100x more per task.
+        if not self.paused:
+            self.lib.tnt_pause()
+        self.paused = False
         ffi, submit, where = self.ffi, self.lib.tnt_submit, self.where
-        for fn, handles, modes, specs, name in tasks:
-            key = self._next
-            self._next = key + 1
-            _CLOSURES[key] = (fn, specs, name)
-            n = len(handles)
-            rc = submit(key, n, ffi.new("tnt_handle[]", handles), ffi.new("int[]", modes), 0, where)
-            if rc != 0:
-                _CLOSURES.pop(key, None)
-                raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
-        self.tasks_submitted += len(tasks)
-        self._flush_releases()
+        try:
+            for fn, handles, modes, specs, name in tasks:
+                key = self._next
+                self._next = key + 1
+                _CLOSURES[key] = (fn, specs, name)
+                rc = submit(key, len(handles), ffi.new("tnt_handle[]", handles), ffi.new("int[]", modes), 0, where)
+                if rc != 0:
+                    _CLOSURES.pop(key, None)
+                    raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
+            self.tasks_submitted += len(tasks)
+            stats.COUNTS["tasks_submitted"] += len(tasks)
+            self._flush_releases()
+        finally:
+            self.lib.tnt_resume()
 
-    def wait(self) -> None:
-        """Wait for every submitted task; raise the first kernel error, naming its op."""
+    @property
+    def dry_run(self) -> str | None:
+        """The active dry-run switch, if any: results are then not meaningful."""
+        if self.skip_starpu:
+            return "TORCH_NNTILE_SKIP_STARPU"
+        return "TORCH_NNTILE_SKIP_KERNELS" if _SKIP_KERNELS else None
+
+    def tasks_done(self) -> int:
+        return sum(stats.DONE)
+
+    def wait(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Wait for every submitted task; raise the first kernel error, naming its op.
+
+        ``progress(done, total)`` is called about every 0.1 s while tasks remain.
+        """
         self.check_alive()
         self._flush_releases()
+        sub0, done0 = self._waited
+        total = self.tasks_submitted - sub0
+        if progress is not None and not self.paused:
+            while (done := self.tasks_done() - done0) < total and not _ERRORS:
+                progress(done, total)
+                time.sleep(0.1)
         if not self.paused:
             self.lib.tnt_wait_all()
             self.lib.tnt_pause()
             self.paused = True
+        self._waited = (self.tasks_submitted, self.tasks_done())
+        if progress is not None:
+            progress(total, total)
         if _ERRORS:
             errs = list(_ERRORS)
             _ERRORS.clear()
@@ -132,11 +172,13 @@ class Runtime:
 _CURRENT: Runtime | None = None
 _CLOSURES: dict[int, tuple[Callable[..., None], list[TileSpec], str]] = {}
 _ERRORS: list[tuple[str, BaseException]] = []
-# (address, nbytes) -> uint8 tensor viewing it. StarPU reuses buffers, so the same
-# tile address comes back every step; the view does not own the memory.
-_TENSOR_CACHE: dict[tuple[int, int], torch.Tensor] = {}
+# (address, spec) -> tensor viewing that memory. StarPU reuses buffers, so the same
+# tile comes back every step and building a tensor (~6 us) is paid once. The view
+# does not own the memory; kernels must not change a tile tensor's metadata.
+_TENSOR_CACHE: dict[tuple[int, TileSpec], torch.Tensor] = {}
 _WORKERS_READY: set[int] = set()
 _BOUND = False
+_SKIP_KERNELS = False
 
 
 def _bind_callback(ffi: Any) -> None:
@@ -144,8 +186,10 @@ def _bind_callback(ffi: Any) -> None:
     if _BOUND:
         return
     _BOUND = True
-    cast = ffi.cast
-    buffer = ffi.buffer
+    perf = stats.perf
+    cache = _TENSOR_CACHE
+    kstats = stats.KERNELS
+    done = stats.DONE
 
     @ffi.def_extern()
     def _tnt_kernel(key: int, ptrs: Any, n: int, worker: int) -> None:  # noqa: ANN001
@@ -156,19 +200,41 @@ def _bind_callback(ffi: Any) -> None:
                 _WORKERS_READY.add(worker)
             tensors = []
             for i in range(n):
-                nbytes, dtype, shape = specs[i]
-                addr = int(cast("uintptr_t", ptrs[i]))
-                flat = _TENSOR_CACHE.get((addr, nbytes))
-                if flat is None:
-                    flat = (torch.frombuffer(buffer(ptrs[i], nbytes), dtype=torch.uint8) if nbytes
-                            else torch.empty(0, dtype=torch.uint8))
-                    if len(_TENSOR_CACHE) > 100_000:
-                        _TENSOR_CACHE.clear()
-                    _TENSOR_CACHE[(addr, nbytes)] = flat
-                tensors.append(flat.view(dtype).view(shape))
-            fn(*tensors)
+                spec = specs[i]
+                addr = ptrs[i]
+                t = cache.get((addr, spec))
+                if t is None:
+                    t = _tile_tensor(addr, spec)
+                tensors.append(t)
+            t0 = perf()
+            if not _SKIP_KERNELS:
+                fn(*tensors)
+            t1 = perf()
+            st = kstats[worker].get(name)
+            if st is None:
+                kstats[worker][name] = [1, t1 - t0]
+            else:
+                st[0] += 1
+                st[1] += t1 - t0
+            trace = stats.TRACE
+            if trace is not None:
+                trace.append((key, name, worker, t0, t1))
         except BaseException as exc:  # noqa: BLE001 - re-raised from wait()
             _ERRORS.append((name, exc))
+        finally:
+            done[worker] += 1
+
+
+def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:
+    nbytes, dtype, shape = spec
+    ffi = _CURRENT.ffi  # type: ignore[union-attr]
+    flat = (torch.frombuffer(ffi.buffer(ffi.cast("void *", addr), nbytes), dtype=torch.uint8) if nbytes
+            else torch.empty(0, dtype=torch.uint8))
+    t = flat.view(dtype).view(shape)
+    if len(_TENSOR_CACHE) > 100_000:
+        _TENSOR_CACHE.clear()
+    _TENSOR_CACHE[(addr, spec)] = t
+    return t
 
 
 def current() -> Runtime | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from torch_nntile import stats
 from torch_nntile.graph.axes import tiling_of
 from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
 
@@ -32,7 +33,7 @@ def offsets(sizes: tuple[int, ...]) -> tuple[int, ...]:
 class TileArray:
     """The tiles of one value; handles are unregistered when it dies."""
 
-    __slots__ = ("shape", "dtype", "tiling", "grid", "handles", "offs", "rt", "__weakref__")
+    __slots__ = ("shape", "dtype", "tiling", "grid", "handles", "specs", "offs", "rt", "__weakref__")
 
     def __init__(self, rt: Runtime, shape: tuple[int, ...], dtype: torch.dtype, tiling: Tiling) -> None:
         self.rt = rt
@@ -42,10 +43,10 @@ class TileArray:
         self.grid = tuple(len(t) for t in tiling)
         self.offs = tuple(offsets(t) for t in tiling)
         item = dtype.itemsize
-        self.handles = [rt.register(math.prod(ts), item) for ts in self._tile_shapes()]
-
-    def _tile_shapes(self) -> Iterator[tuple[int, ...]]:
-        return itertools.product(*self.tiling) if self.tiling else iter([()])
+        shapes = list(itertools.product(*tiling)) if tiling else [()]
+        self.specs: list[TileSpec] = [(math.prod(ts) * item, dtype, ts) for ts in shapes]  # per flat index
+        self.handles = [rt.register(math.prod(ts), item) for ts in shapes]
+        stats.tiles_added(len(self.handles))
 
     def indices(self) -> Iterator[tuple[int, ...]]:
         return itertools.product(*(range(g) for g in self.grid))
@@ -59,15 +60,12 @@ class TileArray:
     def tile_shape(self, idx: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(t[i] for t, i in zip(self.tiling, idx))
 
-    def spec(self, idx: tuple[int, ...]) -> TileSpec:
-        shape = self.tile_shape(idx)
-        return (math.prod(shape) * self.dtype.itemsize, self.dtype, shape)
-
     def slices(self, idx: tuple[int, ...]) -> tuple[slice, ...]:
         return tuple(slice(o[i], o[i] + t[i]) for o, t, i in zip(self.offs, self.tiling, idx))
 
     def __del__(self) -> None:
         try:
+            stats.tiles_added(-len(self.handles))
             self.rt.release(self.handles)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
@@ -90,12 +88,16 @@ class Lowering:
         self.tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]] = []
         self.values: dict[Any, TileArray] = {}  # node -> value produced in this compile
         self.keep: list[TileArray] = []  # every array a task uses stays registered until submitted
-        self._tilings: dict[Any, tuple[int, ...]] = {}
+        self._tilings: dict[Any, tuple[int, ...]] = {}  # root group -> tile sizes
+        self._node_tilings: dict[Any, Tiling] = {}
         self.ncpu = rt.ncpu
 
     # -- planning ---------------------------------------------------------
     def tiling(self, node: Any) -> Tiling:
         """The tiling of a node, from the tilings of its axis groups."""
+        done = self._node_tilings.get(node)
+        if done is not None:
+            return done
         out = []
         for ax in node.axes:
             r = ax.root()
@@ -103,7 +105,17 @@ class Lowering:
             if t is None:
                 t = self._tilings[r] = tiling_of(r)
             out.append(t)
-        return tuple(out)
+        done = self._node_tilings[node] = tuple(out)
+        return done
+
+    def plan(self, ops: list[Any]) -> None:
+        """Resolve the tiling of every value the ops touch (errors name the group)."""
+        tiling = self.tiling
+        for op in ops:
+            for n in op.inputs:
+                tiling(n)
+            for n in op.outputs:
+                tiling(n)
 
     # -- values -----------------------------------------------------------
     def output(self, node: Any) -> TileArray:
@@ -153,13 +165,14 @@ class Lowering:
 
     # -- tasks ------------------------------------------------------------
     def task(self, fn: Callable[..., None], args: list[Arg], name: str) -> None:
-        self.tasks.append((
-            fn,
-            [a.arr.handles[a.arr.flat(a.idx)] for a in args],
-            [a.mode for a in args],
-            [a.arr.spec(a.idx) for a in args],
-            name,
-        ))
+        handles, modes, specs = [], [], []
+        for a in args:
+            arr = a.arr
+            f = arr.flat(a.idx)
+            handles.append(arr.handles[f])
+            modes.append(a.mode)
+            specs.append(arr.specs[f])
+        self.tasks.append((fn, handles, modes, specs, name))
 
     def commit(self) -> None:
         for node, arr in self.values.items():

@@ -1,0 +1,250 @@
+"""What the device did: phase timings, op and kernel metrics, graph dumps, task traces.
+
+Everything here reads the counters in ``stats`` (written by every layer) or the
+pending graph; nothing here changes what runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch_nntile import stats
+from torch_nntile.graph.dot import tensor_dot, tile_dot
+from torch_nntile.graph.nodes import SESSION
+from torch_nntile.session import SESSION_STATE
+from torch_nntile.tiling.tiles import Lowering, TileArray
+
+_PHASE_LABELS = {
+    "record": "record (host, inside ATen ops)",
+    "ingress": "ingress (copies from CPU)",
+    "fallback": "CPU fallback ops",
+    "compile": "compile",
+    "compile.axis_groups": "  axis groups",
+    "compile.lowering": "  lowering to tile tasks",
+    "run": "run (submit to StarPU)",
+    "wait": "wait",
+    "readout": "readout (copies to CPU)",
+}
+
+
+def _dry_run() -> str | None:
+    rt = SESSION_STATE.rt
+    return rt.dry_run if rt is not None and rt.alive else None
+
+
+# -- info ----------------------------------------------------------------------
+
+
+def info() -> dict[str, Any]:
+    """Cumulative phase times (seconds, exclusive of nested phases) and counters.
+
+    ``phases["compile"]`` includes its sub-phases ``compile.axis_groups`` and
+    ``compile.lowering``. ``dry_run`` names the active dry-run switch, if any.
+    """
+    phases = {p: {"calls": stats.PHASE_CALLS[p], "seconds": stats.PHASE_TIME[p]} for p in stats.PHASES}
+    phases["compile"]["seconds"] += phases["compile.axis_groups"]["seconds"] + phases["compile.lowering"]["seconds"]
+    c = stats.COUNTS
+    return {
+        "phases": phases,
+        "tasks_submitted": c["tasks_submitted"],
+        "tasks_skipped": c["tasks_skipped"],
+        "tiles_live": c["tiles_live"],
+        "tiles_peak": stats.TILES_PEAK[0],
+        "bytes_in": c["bytes_in"],
+        "bytes_out": c["bytes_out"],
+        "dry_run": _dry_run(),
+    }
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n} B"
+
+
+def format_info() -> str:
+    d = info()
+    lines = []
+    if d["dry_run"]:
+        lines.append(f"!! {d['dry_run']} is set: timings only, results are not numerically meaningful")
+    lines.append(f"{'phase':<34} {'calls':>8} {'total s':>10} {'ms/call':>9}")
+    for p, v in d["phases"].items():
+        n, sec = v["calls"], v["seconds"]
+        per = f"{1e3 * sec / n:9.3f}" if n else f"{'-':>9}"
+        lines.append(f"{_PHASE_LABELS[p]:<34} {n:>8} {sec:>10.4f} {per}")
+    skipped = f" ({d['tasks_skipped']} not submitted: dry run)" if d["tasks_skipped"] else ""
+    lines.append(f"tasks submitted: {d['tasks_submitted']}{skipped}")
+    lines.append(f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}")
+    lines.append(f"bytes in: {_mb(d['bytes_in'])}, out: {_mb(d['bytes_out'])}")
+    return "\n".join(lines)
+
+
+def print_info() -> None:
+    print(format_info())
+
+
+def reset_info() -> None:
+    """Zero the phase times, counters and metrics (tiles live are kept; peak restarts from them)."""
+    stats.reset()
+
+
+# -- metrics -------------------------------------------------------------------
+
+
+def metrics() -> dict[str, Any]:
+    """Recorded calls per ATen op, CPU fallbacks (count, first user source line),
+    and per tile kernel the task count and total kernel seconds (all workers)."""
+    kernels: dict[str, dict[str, float]] = {}
+    for per_worker in stats.KERNELS:
+        for name, (n, sec) in list(per_worker.items()):
+            k = kernels.setdefault(name, {"tasks": 0, "seconds": 0.0})
+            k["tasks"] += int(n)
+            k["seconds"] += sec
+    return {
+        "ops": dict(stats.OP_CALLS),
+        "fallbacks": {op: {"count": n, "first_source": stats.FALLBACK_SOURCE.get(op, "<unknown>")}
+                      for op, n in stats.FALLBACK_CALLS.items()},
+        "kernels": kernels,
+        "dry_run": _dry_run(),
+    }
+
+
+def metrics_report() -> str:
+    m = metrics()
+    lines = []
+    if m["dry_run"]:
+        lines.append(f"!! {m['dry_run']} is set: kernel times are not real")
+    lines.append(f"{'ATen op':<44} {'calls':>8}")
+    for op, n in sorted(m["ops"].items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"{op:<44} {n:>8}")
+    if m["fallbacks"]:
+        lines.append("")
+        lines.append(f"{'ran on the CPU fallback':<44} {'calls':>8}  first called from")
+        for op, v in sorted(m["fallbacks"].items()):
+            lines.append(f"{op:<44} {v['count']:>8}  {v['first_source']}")
+    lines.append("")
+    total = sum(k["seconds"] for k in m["kernels"].values()) or 1.0
+    lines.append(f"{'tile kernel':<28} {'tasks':>8} {'total s':>10} {'us/task':>9} {'share':>6}")
+    for name, k in sorted(m["kernels"].items(), key=lambda kv: -kv[1]["seconds"]):
+        n, sec = int(k["tasks"]), k["seconds"]
+        lines.append(f"{name:<28} {n:>8} {sec:>10.4f} {1e6 * sec / max(n, 1):>9.1f} {100 * sec / total:>5.1f}%")
+    return "\n".join(lines)
+
+
+# -- graph ---------------------------------------------------------------------
+
+
+def pending_op_names() -> list[str]:
+    """Names of the recorded ops not yet compiled, in record order."""
+    return SESSION.pending_names()
+
+
+def format_pending_data_sizes() -> str:
+    """The values pending ops will produce: op, shape, dtype, bytes, and the total."""
+    lines = [f"{'op':<24} {'shape':<22} {'dtype':<10} {'bytes':>12}"]
+    total = count = 0
+    for op in SESSION.snapshot():
+        for n in op.outputs:
+            nbytes = n.numel * n.dtype.itemsize
+            total += nbytes
+            count += 1
+            lines.append(f"{op.label:<24} {str(list(n.shape)):<22} {str(n.dtype).removeprefix('torch.'):<10} {nbytes:>12}")
+    lines.append(f"total: {count} values, {total} bytes ({_mb(total)})")
+    return "\n".join(lines)
+
+
+def dump_graph(path: str | os.PathLike[str], level: str = "tensor") -> None:
+    """Write the pending graph as Graphviz DOT.
+
+    ``level="tensor"``: ops and values (shape, dtype, tiling). ``level="tile"``:
+    the tile tasks the graph lowers to (compiled-but-not-run tasks first), each
+    tile version a node. Nothing is compiled or run by dumping.
+    """
+    if level == "tensor":
+        text = tensor_dot(SESSION.snapshot())
+    elif level == "tile":
+        text = _tile_level()
+    else:
+        raise ValueError(f"dump_graph: level must be 'tensor' or 'tile', got {level!r}")
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _tile_level() -> str:
+    s = SESSION_STATE
+    with s.lock:
+        names: dict[Any, str] = {}
+        tasks: list[Any] = []
+        for ctx in ([s.compiled] if s.compiled is not None else []):
+            tasks += ctx.tasks
+            _name_tiles(ctx, names)
+        ctx = Lowering(s.runtime())
+        try:
+            ops = SESSION.snapshot()
+            ctx.plan(ops)
+            for op in ops:
+                op.opdef.lower(ctx, op)
+            _name_tiles(ctx, names)
+            return tile_dot(tasks + ctx.tasks, names)
+        finally:
+            ctx.discard()
+
+
+def _name_tiles(ctx: Lowering, names: dict[Any, str]) -> None:
+    label: dict[int, str] = {id(arr): node.op.label if node.op is not None else "value"
+                             for node, arr in ctx.values.items()}
+    for arr in ctx.keep:
+        _name_array(arr, label.get(id(arr), "value"), names)
+
+
+def _name_array(arr: TileArray, what: str, names: dict[Any, str]) -> None:
+    for idx in arr.indices():
+        names.setdefault(arr.handles[arr.flat(idx)], f"{what} {list(arr.shape)} tile {list(idx)}")
+
+
+# -- traces --------------------------------------------------------------------
+
+
+def start_trace() -> None:
+    """Record every task's worker, start and end from now on (and host phases)."""
+    SESSION_STATE.wait()
+    stats.TRACE = []
+    stats.TRACE_HOST.clear()
+
+
+def stop_trace(path: str | os.PathLike[str]) -> int:
+    """Wait for submitted tasks, write Chrome trace-event JSON; return the task count."""
+    try:
+        SESSION_STATE.wait()
+    finally:
+        events, host = stats.TRACE or [], list(stats.TRACE_HOST)
+        stats.TRACE = None
+        stats.TRACE_HOST.clear()
+    t0 = min([e[3] for e in events] + [h[1] for h in host], default=0.0)
+    out: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "host (Python)"}},
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "StarPU workers"}},
+    ]
+    for w in sorted({e[2] for e in events}):
+        out.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": w, "args": {"name": f"CPU worker {w}"}})
+    for key, name, worker, start, end in events:
+        out.append({"name": name, "cat": "task", "ph": "X", "pid": 1, "tid": worker,
+                    "ts": (start - t0) * 1e6, "dur": (end - start) * 1e6, "args": {"task": key}})
+    for name, start, end in host:
+        out.append({"name": name, "cat": "phase", "ph": "X", "pid": 0, "tid": 0,
+                    "ts": (start - t0) * 1e6, "dur": (end - start) * 1e6})
+    with open(path, "w") as f:
+        json.dump({"traceEvents": out, "displayTimeUnit": "ms"}, f)
+    return len(events)
+
+
+@contextmanager
+def trace(path: str | os.PathLike[str]) -> Iterator[None]:
+    """``with torch_nntile.trace("step.json"): ...`` — open the file in Perfetto."""
+    start_trace()
+    try:
+        yield
+    finally:
+        stop_trace(path)

@@ -1,0 +1,108 @@
+"""Counters every layer writes and the report functions read.
+
+A leaf module: it imports nothing from the package, so the backend, the graph,
+the tiling and the runtime can all count into it without import cycles. Phase
+times are *exclusive*: a readout that flushes the graph counts its compile and
+wait under those phases, not under readout.
+
+Kernel statistics are written from StarPU worker threads; each worker owns its
+own dict, so no lock is needed on the task path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+
+PHASES = (
+    "record", "ingress", "fallback", "compile", "compile.axis_groups", "compile.lowering",
+    "run", "wait", "readout",
+)
+
+perf = time.perf_counter
+PHASE_TIME: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+PHASE_CALLS: Counter[str] = Counter()
+_CHILD: list[float] = [0.0]  # time spent in nested phases, one accumulator per open phase
+
+OP_CALLS: Counter[str] = Counter()  # ATen overload -> recorded calls
+FALLBACK_CALLS: Counter[str] = Counter()  # ATen op -> calls run on the CPU fallback
+FALLBACK_SOURCE: dict[str, str] = {}  # ATen op -> first user source line that triggered it
+
+COUNTS: Counter[str] = Counter()  # tasks_submitted, tasks_skipped, bytes_in, bytes_out, tiles_live
+TILES_PEAK = [0]
+
+# worker id -> {kernel name: [tasks, seconds]}; grown by the runtime at init
+KERNELS: list[dict[str, list[float]]] = []
+DONE: list[int] = []  # tasks finished per worker (progress)
+TRACE: list[tuple[int, str, int, float, float]] | None = None  # (task, name, worker, start, end) while tracing
+TRACE_HOST: list[tuple[str, float, float]] = []  # (phase, start, end) while tracing
+
+
+def enter() -> float:
+    """Open a phase; pass the result to ``leave``."""
+    _CHILD.append(0.0)
+    return perf()
+
+
+def leave(name: str, t0: float) -> None:
+    t1 = perf()
+    dt = t1 - t0
+    PHASE_TIME[name] += dt - _CHILD.pop()
+    PHASE_CALLS[name] += 1
+    _CHILD[-1] += dt
+    if TRACE is not None:
+        TRACE_HOST.append((name, t0, t1))
+
+
+def tiles_added(n: int) -> None:
+    live = COUNTS["tiles_live"] + n
+    COUNTS["tiles_live"] = live
+    if live > TILES_PEAK[0]:
+        TILES_PEAK[0] = live
+
+
+def ensure_workers(n: int) -> None:
+    while len(KERNELS) < n:
+        KERNELS.append({})
+        DONE.append(0)
+
+
+def env_flag(name: str) -> bool:
+    """An on/off environment switch: set and not "0"."""
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def user_frame() -> str:
+    """``file:line`` of the innermost caller outside torch and torch_nntile."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (_inside(fn, "torch") or _inside(fn, "torch_nntile") or fn.startswith("<")):
+            return f"{fn}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown>"
+
+
+def _inside(filename: str, package: str) -> bool:
+    mod = sys.modules.get(package)
+    root = getattr(mod, "__file__", None)
+    if not root:
+        return False
+    return filename.startswith(root.rsplit("/", 1)[0] + "/")
+
+
+def reset() -> None:
+    for k in PHASE_TIME:
+        PHASE_TIME[k] = 0.0
+    PHASE_CALLS.clear()
+    OP_CALLS.clear()
+    FALLBACK_CALLS.clear()
+    FALLBACK_SOURCE.clear()
+    live = COUNTS["tiles_live"]
+    COUNTS.clear()
+    COUNTS["tiles_live"] = live
+    TILES_PEAK[0] = live
+    for d in KERNELS:
+        d.clear()
