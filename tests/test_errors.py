@@ -53,6 +53,24 @@ def test_untileable_dim_rejected_at_compile():
     assert_close(y.cpu(), F.log_softmax(x.cpu(), dim=1))  # nothing was lost
 
 
+def test_merged_named_groups_keep_both_names():
+    """An op merging two named groups: either name tiles the result; two different
+    tilings are an error naming both groups, and nothing pending is lost."""
+    a = torch.randn(8, 3).to("nntile")
+    b = torch.randn(8, 3).to("nntile")
+    torch_nntile.set_axis_group_name(a, {0: "rows_m1"})
+    torch_nntile.set_axis_group_name(b, {0: "rows_m2"})
+    y = (a + b) * 2
+    torch_nntile.set_axis_group_tiling("rows_m2", 3)
+    assert "rows_m1=rows_m2" in torch_nntile.format_axis_groups()
+    assert "3 tiles [3, 3, 2]" in torch_nntile.format_axis_groups()
+    torch_nntile.set_axis_group_tiling("rows_m1", 4)
+    with pytest.raises(ValueError, match=r"'rows_m1'.*'rows_m2'.*tiled differently.*\[4, 4\].*\[3, 3, 2\]"):
+        y.cpu()
+    torch_nntile.set_axis_group_tiling("rows_m1", 3)  # the same tiling under both names is fine
+    assert_close(y.cpu(), (a.cpu() + b.cpu()) * 2)
+
+
 def test_reshape_of_tiled_dim_rejected():
     x = torch.randn(8, 6).to("nntile")
     torch_nntile.set_axis_group_name(x, {0: "rows_r"})

@@ -14,13 +14,17 @@ import weakref
 class AxisGroup:
     """A union-find element; the root of a set carries the set's metadata."""
 
-    __slots__ = ("parent", "extent", "name", "fixed", "__weakref__")
+    __slots__ = ("parent", "extent", "name", "aliases", "fixed", "__weakref__")
 
     def __init__(self, extent: int) -> None:
         self.parent: AxisGroup | None = None
         self.extent = extent
         self.name: str | None = None
+        self.aliases: tuple[str, ...] = ()  # names of named groups merged into this one
         self.fixed: str | None = None  # name of an op that cannot tile this group
+
+    def names(self) -> tuple[str, ...]:
+        return ((self.name,) if self.name is not None else ()) + self.aliases
 
     def root(self) -> AxisGroup:
         g = self
@@ -53,7 +57,9 @@ def union(a: AxisGroup, b: AxisGroup) -> AxisGroup:
     if ra.extent != rb.extent:
         raise ValueError(f"cannot merge axis groups of extents {ra.extent} and {rb.extent}")
     if ra.name is None:
-        ra.name = rb.name
+        ra.name, ra.aliases = rb.name, rb.aliases
+    else:
+        ra.aliases += tuple(n for n in rb.names() if n not in ra.names())
     if ra.fixed is None:
         ra.fixed = rb.fixed
     rb.parent = ra
@@ -69,7 +75,10 @@ def fix(g: AxisGroup, op_name: str) -> None:
 
 def set_name(g: AxisGroup, name: str) -> None:
     r = g.root()
+    if r.name is not None and r.name != name and r.name not in r.aliases:
+        r.aliases += (r.name,)  # a group may carry several names; all stay usable
     r.name = name
+    r.aliases = tuple(n for n in r.aliases if n != name)
     _NAMES[name] = weakref.ref(r)
 
 
@@ -115,7 +124,7 @@ def normalize_tiling(tiling: int | tuple[int, ...] | list[int], extent: int, lab
 
 def describe(g: AxisGroup) -> str:
     r = g.root()
-    return f"{r.name!r} (extent {r.extent})" if r.name else f"<unnamed, extent {r.extent}>"
+    return f"{' = '.join(map(repr, r.names()))} (extent {r.extent})" if r.name else f"<unnamed, extent {r.extent}>"
 
 
 def set_tiling(name: str, tiling: int | list[int] | tuple[int, ...]) -> None:
@@ -131,11 +140,24 @@ def clear_tiling(name: str) -> None:
 
 
 def tiling_of(root: AxisGroup) -> tuple[int, ...]:
-    """The tile sizes of a root group: its named tiling, or a single tile."""
-    t = _TILINGS.get(root.name) if root.name is not None else None
-    if t is None:
+    """The tile sizes of a root group: its named tiling, or a single tile.
+
+    A group that carries several names (ops merged named groups) takes the tiling
+    set for any of them; two different tilings are an error naming both.
+    """
+    if root.name is None:
         return (root.extent,)
-    sizes = normalize_tiling(t, root.extent, describe(root))
+    set_for = [(n, _TILINGS[n]) for n in root.names() if n in _TILINGS]
+    if not set_for:
+        return (root.extent,)
+    sizes = normalize_tiling(set_for[0][1], root.extent, describe(root))
+    for n, t in set_for[1:]:
+        other = normalize_tiling(t, root.extent, describe(root))
+        if other != sizes:
+            raise ValueError(
+                f"axis group {describe(root)}: ops merged groups tiled differently "
+                f"({set_for[0][0]!r}: {list(sizes)}, {n!r}: {list(other)}); give them one tiling"
+            )
     if len(sizes) > 1 and root.fixed is not None:
         raise ValueError(f"axis group {describe(root)} cannot be tiled: {root.fixed} needs it whole")
     return sizes
@@ -160,5 +182,5 @@ def format_groups() -> str:
             tdesc = f"invalid: {e}"
         if r.fixed is not None:
             tdesc += f" (whole for {r.fixed})"
-        lines.append(f"{r.name or '-':<16} {r.extent:>8} {n:>8}  {tdesc}")
+        lines.append(f"{'='.join(r.names()) or '-':<16} {r.extent:>8} {n:>8}  {tdesc}")
     return "\n".join(lines)

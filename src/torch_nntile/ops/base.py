@@ -86,7 +86,12 @@ def _lower_map(ctx: Lowering, node: OpNode) -> None:
         ctx.task(fn, args, name)
 
 
-MAP = Op("map", _lower_map, lambda node: node.attrs[1])
+def kernel_name(node: OpNode) -> str:
+    """Label of ops whose attrs are ``(kernel, name)``: the ATen op they stand for."""
+    return node.attrs[1]
+
+
+MAP = Op("map", _lower_map, kernel_name)
 
 
 def map_op(name: str, fn: Kernel, inputs: list[DataNode], dtype: torch.dtype) -> DataNode:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 
 from torch_nntile.graph.axes import union
@@ -30,6 +32,7 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
         reduce_into(ctx, out, (i, j), parts, "mm", n_out)
 
 
+@cache
 def _mm_kernel(ta: bool, tb: bool, alpha: float):
     def k(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
         torch.mm(x.t() if ta else x, y.t() if tb else y, out=o)
@@ -38,12 +41,14 @@ def _mm_kernel(ta: bool, tb: bool, alpha: float):
     return k
 
 
+@cache
 def _mm_bias_kernel(ta: bool, tb: bool, alpha: float, beta: float):
     def k(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> None:
         torch.addmm(bias, x.t() if ta else x, y.t() if tb else y, beta=beta, alpha=alpha, out=o)
     return k
 
 
+@cache
 def _mm_acc_kernel(ta: bool, tb: bool, alpha: float):
     def k(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
         o.addmm_(x.t() if ta else x, y.t() if tb else y, alpha=alpha)

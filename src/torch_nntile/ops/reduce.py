@@ -9,7 +9,7 @@ import torch
 
 from torch_nntile.graph.axes import fix, new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.ops.base import Op, broadcast_axes, record, reduce_into
+from torch_nntile.ops.base import Op, broadcast_axes, kernel_name, record, reduce_into
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
 
 # -- sum / mean over dims ------------------------------------------------------
@@ -75,7 +75,7 @@ def _lower_rowwise(ctx: Lowering, node: OpNode) -> None:
         ctx.task(fn, [Arg(out, idx, W)] + [Arg(a, idx, R) for a in ins], name)
 
 
-ROWWISE = Op("rowwise", _lower_rowwise)
+ROWWISE = Op("rowwise", _lower_rowwise, kernel_name)
 
 
 def log_softmax(x: DataNode, dim: int) -> DataNode:
