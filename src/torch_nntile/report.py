@@ -16,7 +16,7 @@ from torch_nntile import stats
 from torch_nntile.graph.dot import tensor_dot, tile_dot
 from torch_nntile.graph.nodes import SESSION
 from torch_nntile.session import SESSION_STATE
-from torch_nntile.tiling.tiles import Lowering, TileArray
+from torch_nntile.tiling.tiles import Lowering, PlanHandles, TileArray
 
 _PHASE_LABELS = {
     "record": "record (host, inside ATen ops)",
@@ -64,11 +64,13 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 10_000 else f"{n} B"
 
 
+def _dry_banner(dry: str | None, what: str) -> list[str]:
+    return [f"!! {dry} is set: {what}"] if dry else []
+
+
 def format_info() -> str:
     d = info()
-    lines = []
-    if d["dry_run"]:
-        lines.append(f"!! {d['dry_run']} is set: timings only, results are not numerically meaningful")
+    lines = _dry_banner(d["dry_run"], "timings only, results are not numerically meaningful")
     lines.append(f"{'phase':<34} {'calls':>8} {'total s':>10} {'ms/call':>9}")
     for p, v in d["phases"].items():
         n, sec = v["calls"], v["seconds"]
@@ -113,9 +115,7 @@ def metrics() -> dict[str, Any]:
 
 def metrics_report() -> str:
     m = metrics()
-    lines = []
-    if m["dry_run"]:
-        lines.append(f"!! {m['dry_run']} is set: kernel times are not real")
+    lines = _dry_banner(m["dry_run"], "kernel times are not real")
     lines.append(f"{'ATen op':<44} {'calls':>8}")
     for op, n in sorted(m["ops"].items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"{op:<44} {n:>8}")
@@ -180,7 +180,7 @@ def _tile_level() -> str:
         for ctx in ([s.compiled] if s.compiled is not None else []):
             tasks += ctx.tasks
             _name_tiles(ctx, names)
-        ctx = Lowering(s.runtime())
+        ctx = Lowering(PlanHandles(s.runtime()))
         try:
             ops = SESSION.snapshot()
             ctx.plan(ops)
@@ -193,8 +193,10 @@ def _tile_level() -> str:
 
 
 def _name_tiles(ctx: Lowering, names: dict[Any, str]) -> None:
-    label: dict[int, str] = {id(arr): node.op.label if node.op is not None else "value"
-                             for node, arr in ctx.values.items()}
+    label = dict(ctx.labels)
+    for node, arr in ctx.values.items():
+        if node.op is not None:
+            label[id(arr)] = node.op.label
     for arr in ctx.keep:
         _name_array(arr, label.get(id(arr), "value"), names)
 

@@ -72,6 +72,7 @@ class Session:
             if self.compiled is not None:
                 self.compiled.tasks.extend(ctx.tasks)
                 self.compiled.keep.extend(ctx.keep)
+                self.compiled.labels.update(ctx.labels)
             else:
                 self.compiled = ctx
 

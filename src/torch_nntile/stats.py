@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+import warnings
 from collections import Counter
 
 PHASES = (
@@ -24,7 +26,8 @@ PHASES = (
 perf = time.perf_counter
 PHASE_TIME: dict[str, float] = dict.fromkeys(PHASES, 0.0)
 PHASE_CALLS: Counter[str] = Counter()
-_CHILD: list[float] = [0.0]  # time spent in nested phases, one accumulator per open phase
+_STACKS: dict[int, list[float]] = {}  # per thread: time spent in nested phases, one entry per open phase
+_ident = threading.get_ident
 
 OP_CALLS: Counter[str] = Counter()  # ATen overload -> recorded calls
 FALLBACK_CALLS: Counter[str] = Counter()  # ATen op -> calls run on the CPU fallback
@@ -42,16 +45,20 @@ TRACE_HOST: list[tuple[str, float, float]] = []  # (phase, start, end) while tra
 
 def enter() -> float:
     """Open a phase; pass the result to ``leave``."""
-    _CHILD.append(0.0)
+    stack = _STACKS.get(_ident())
+    if stack is None:
+        stack = _STACKS[_ident()] = [0.0]
+    stack.append(0.0)
     return perf()
 
 
 def leave(name: str, t0: float) -> None:
     t1 = perf()
     dt = t1 - t0
-    PHASE_TIME[name] += dt - _CHILD.pop()
+    stack = _STACKS[_ident()]
+    PHASE_TIME[name] += dt - stack.pop()
     PHASE_CALLS[name] += 1
-    _CHILD[-1] += dt
+    stack[-1] += dt
     if TRACE is not None:
         TRACE_HOST.append((name, t0, t1))
 
@@ -74,15 +81,26 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
 
+def _internal(filename: str) -> bool:
+    return _inside(filename, "torch") or _inside(filename, "torch_nntile") or filename.startswith("<frozen")
+
+
 def user_frame() -> str:
     """``file:line`` of the innermost caller outside torch and torch_nntile."""
     f = sys._getframe(1)
     while f is not None:
-        fn = f.f_code.co_filename
-        if not (_inside(fn, "torch") or _inside(fn, "torch_nntile") or fn.startswith("<")):
-            return f"{fn}:{f.f_lineno}"
+        if not _internal(f.f_code.co_filename):
+            return f"{f.f_code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return "<unknown>"
+
+
+def warn_user(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """``warnings.warn`` attributed to the user's line, not to package internals."""
+    f, level = sys._getframe(1), 2
+    while f is not None and _internal(f.f_code.co_filename):
+        f, level = f.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if f is not None else 2)
 
 
 def _inside(filename: str, package: str) -> bool:

@@ -7,7 +7,6 @@ is counted per op name. Otherwise a ``RuntimeError`` names the op.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -39,11 +38,11 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     stats.OP_CALLS[name] += 1
     stats.FALLBACK_CALLS[base] += 1
     if base not in stats.FALLBACK_SOURCE:
-        src = stats.FALLBACK_SOURCE[base] = stats.user_frame()
-        if base not in _WARNED and stats.env_flag("TORCH_NNTILE_DEBUG"):
-            _WARNED.add(base)
-            warnings.warn(f"torch_nntile: {base} is not implemented on nntile and runs on the CPU "
-                          f"(first call from {src})", RuntimeWarning, stacklevel=2)
+        stats.FALLBACK_SOURCE[base] = stats.user_frame()
+    if base not in _WARNED and stats.env_flag("TORCH_NNTILE_DEBUG"):
+        _WARNED.add(base)
+        stats.warn_user(f"torch_nntile: {base} is not implemented on nntile and runs on the CPU "
+                        f"(called from {stats.user_frame()})")
     t0 = stats.enter()
     try:
         return _run_on_cpu(op, args, kwargs)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from torch_nntile import stats
@@ -59,8 +57,7 @@ def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
         dry = rt.dry_run
         cpu = (torch.zeros if dry else torch.empty)(node.shape, dtype=node.dtype)
         if dry:
-            warnings.warn(f"torch_nntile: {dry} is set; values read back are zeros, not results",
-                          RuntimeWarning, stacklevel=2)
+            stats.warn_user(f"torch_nntile: {dry} is set; values read back are zeros, not results")
             rt.wait()  # what was submitted still completes (and idle workers pause)
         else:
             ctx = Lowering(rt)

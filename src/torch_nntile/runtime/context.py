@@ -65,11 +65,13 @@ class Runtime:
 
     # -- data -------------------------------------------------------------
     def register(self, nelems: int, elemsize: int) -> Any:
+        stats.tiles_added(1)
         return self.lib.tnt_register(max(nelems, 1), elemsize)
 
     def release(self, handles: list[Any]) -> None:
         """Queue handles for unregistration (safe from any thread, after shutdown too)."""
         if self.alive:
+            stats.tiles_added(-len(handles))
             self._doomed.extend(handles)
 
     def _flush_releases(self) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from torch_nntile import stats
 from torch_nntile.graph.axes import tiling_of
 from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
 
@@ -46,7 +45,6 @@ class TileArray:
         shapes = list(itertools.product(*tiling)) if tiling else [()]
         self.specs: list[TileSpec] = [(math.prod(ts) * item, dtype, ts) for ts in shapes]  # per flat index
         self.handles = [rt.register(math.prod(ts), item) for ts in shapes]
-        stats.tiles_added(len(self.handles))
 
     def indices(self) -> Iterator[tuple[int, ...]]:
         return itertools.product(*(range(g) for g in self.grid))
@@ -65,7 +63,6 @@ class TileArray:
 
     def __del__(self) -> None:
         try:
-            stats.tiles_added(-len(self.handles))
             self.rt.release(self.handles)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
@@ -80,16 +77,32 @@ class Arg:
         self.arr, self.idx, self.mode = arr, idx, mode
 
 
+class PlanHandles:
+    """Stands in for the runtime when tasks are only planned (graph dumps): handles
+    are plain tokens, nothing is registered with StarPU or counted as a live tile."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.ncpu = rt.ncpu
+        self._tokens = itertools.count()
+
+    def register(self, nelems: int, elemsize: int) -> int:
+        return next(self._tokens)
+
+    def release(self, handles: list[Any]) -> None:
+        pass
+
+
 class Lowering:
     """Collects tile tasks for one compile; values are committed at the end."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime | PlanHandles) -> None:
         self.rt = rt
         self.tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]] = []
         self.values: dict[Any, TileArray] = {}  # node -> value produced in this compile
         self.keep: list[TileArray] = []  # every array a task uses stays registered until submitted
         self._tilings: dict[Any, tuple[int, ...]] = {}  # root group -> tile sizes
         self._node_tilings: dict[Any, Tiling] = {}
+        self.labels: dict[int, str] = {}  # id(array) -> label of the op that produced it (for dumps)
         self.ncpu = rt.ncpu
 
     # -- planning ---------------------------------------------------------
@@ -177,6 +190,8 @@ class Lowering:
     def commit(self) -> None:
         for node, arr in self.values.items():
             node.value = arr
+            if node.op is not None:
+                self.labels[id(arr)] = node.op.label
         self.values = {}
 
     def discard(self) -> None:
@@ -192,4 +207,4 @@ def _retile_kernel(boxes: list[tuple[tuple[slice, ...], tuple[slice, ...]]]) -> 
     return kernel
 
 
-__all__ = ["Arg", "Lowering", "R", "RW", "TileArray", "Tiling", "W", "offsets"]
+__all__ = ["Arg", "Lowering", "PlanHandles", "R", "RW", "TileArray", "Tiling", "W", "offsets"]
