@@ -21,7 +21,8 @@ import torch_nntile
 from torch_nntile.backend import fallback as _fallback_mod
 
 PHASES = {"record", "ingress", "fallback", "compile", "compile.axis_groups", "compile.lowering", "run", "wait", "readout"}
-INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "tiles_live", "tiles_peak", "bytes_in", "bytes_out", "dry_run"}
+INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "tiles_live", "tiles_peak", "tiles_registered", "tiles_spare",
+             "bytes_in", "bytes_out", "dry_run"}
 
 _groups = itertools.count()
 
@@ -170,7 +171,8 @@ def test_format_info_and_print_info(capsys):
     fb = next(ln for ln in lines if ln.startswith("CPU fallback ops"))
     assert fb.split()[-3:] == ["0", "0.0000", "-"]
     assert f"tasks submitted: {d['tasks_submitted']}" in lines
-    assert f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}" in lines
+    assert (f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}; new StarPU handles: {d['tiles_registered']}, "
+            f"spare handles kept for reuse: {d['tiles_spare']}") in lines
     assert "bytes in: 0.04 MB, out: 0.04 MB" in lines
     torch_nntile.print_info()
     assert capsys.readouterr().out == torch_nntile.format_info() + "\n"

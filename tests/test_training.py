@@ -81,3 +81,40 @@ def test_repeated_steps_release_nodes():
         step()
     assert not SESSION.pending
     assert live_nodes() <= before
+
+
+def test_repeated_steps_reuse_tile_memory():
+    """From the third step on, a training loop's tiles take the handles (and memory)
+    of the previous step's dead tiles: no new StarPU data is registered, the number of
+    live tiles stays the same, and spares of a size no longer used are dropped."""
+    torch.manual_seed(3)
+    model = DeepReLU(32, 64, 10, depth=3).to("nntile")
+    x = torch.randn(64, 32).to("nntile")
+    torch_nntile.set_axis_group_name(x, {0: "batch_reuse"})
+    torch_nntile.set_axis_group_tiling("batch_reuse", 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(inp):
+        loss = (model(inp) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step(x)
+    step(x)
+    before = torch_nntile.info()
+    for _ in range(3):
+        step(x)
+    after = torch_nntile.info()
+    assert after["tiles_registered"] == before["tiles_registered"]
+    assert after["tiles_live"] == before["tiles_live"]
+    assert after["tiles_spare"] > 0
+    # Steps on another batch size need other tile sizes: the spares left by the first
+    # batch go unused, so they are unregistered, and the first batch allocates again.
+    x2 = torch.randn(48, 32).to("nntile")
+    for _ in range(3):
+        step(x2)
+    again = torch_nntile.info()["tiles_registered"]
+    step(x)
+    assert torch_nntile.info()["tiles_registered"] > again

@@ -31,6 +31,11 @@ _PHASE_LABELS = {
 }
 
 
+def _spares() -> int:
+    rt = SESSION_STATE.rt
+    return rt.spare_count() if rt is not None and rt.alive else 0
+
+
 def _dry_run() -> str | None:
     rt = SESSION_STATE.rt
     return rt.dry_run if rt is not None and rt.alive else None
@@ -43,7 +48,10 @@ def info() -> dict[str, Any]:
     """Cumulative phase times (seconds, exclusive of nested phases) and counters.
 
     ``phases["compile"]`` includes its sub-phases ``compile.axis_groups`` and
-    ``compile.lowering``. ``dry_run`` names the active dry-run switch, if any.
+    ``compile.lowering``. ``tiles_registered`` counts tiles that needed a new StarPU
+    handle (and memory) rather than a spare left by dead tiles of the same size;
+    ``tiles_spare`` is how many such spares are kept now. ``dry_run`` names the
+    active dry-run switch, if any.
     """
     phases = {p: {"calls": stats.PHASE_CALLS[p], "seconds": stats.PHASE_TIME[p]} for p in stats.PHASES}
     phases["compile"]["seconds"] += phases["compile.axis_groups"]["seconds"] + phases["compile.lowering"]["seconds"]
@@ -54,6 +62,8 @@ def info() -> dict[str, Any]:
         "tasks_skipped": c["tasks_skipped"],
         "tiles_live": c["tiles_live"],
         "tiles_peak": stats.TILES_PEAK[0],
+        "tiles_registered": c["tiles_registered"],
+        "tiles_spare": _spares(),
         "bytes_in": c["bytes_in"],
         "bytes_out": c["bytes_out"],
         "dry_run": _dry_run(),
@@ -78,7 +88,8 @@ def format_info() -> str:
         lines.append(f"{_PHASE_LABELS[p]:<34} {n:>8} {sec:>10.4f} {per}")
     skipped = f" ({d['tasks_skipped']} not submitted: dry run)" if d["tasks_skipped"] else ""
     lines.append(f"tasks submitted: {d['tasks_submitted']}{skipped}")
-    lines.append(f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}")
+    lines.append(f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}; new StarPU handles: "
+                 f"{d['tiles_registered']}, spare handles kept for reuse: {d['tiles_spare']}")
     lines.append(f"bytes in: {_mb(d['bytes_in'])}, out: {_mb(d['bytes_out'])}")
     return "\n".join(lines)
 

@@ -63,6 +63,7 @@ class Session:
             rt = self.runtime()
             t0 = stats.enter()
             try:
+                rt.recycle()
                 folder = os.environ.get("TORCH_NNTILE_DUMP_GRAPH")
                 if folder:
                     self._dump(folder)

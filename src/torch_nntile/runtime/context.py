@@ -12,7 +12,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -55,7 +55,13 @@ class Runtime:
         self.paused = False
         self.where = WHERE_ANY
         self._next = 0
-        self._doomed: list[Any] = []  # handles whose data died; unregistered from the main thread
+        # Handles whose tiles died are kept, with their memory, for new tiles of the same
+        # size: a training loop then reuses last step's buffers instead of allocating
+        # (and page-faulting) ~100 MB per step. Spares unused for a whole compile are
+        # unregistered (StarPU frees their memory then).
+        self._size: dict[Any, tuple[int, int]] = {}
+        self._spare_new: dict[tuple[int, int], list[Any]] = {}  # released since the last recycle()
+        self._spare_old: dict[tuple[int, int], list[Any]] = {}  # released before it; next to go
         self._lock = threading.Lock()
         self.tasks_submitted = 0
         self._waited = (0, self.tasks_done())  # (submitted, done) at the last wait: progress counts from there
@@ -65,19 +71,41 @@ class Runtime:
 
     # -- data -------------------------------------------------------------
     def register(self, nelems: int, elemsize: int) -> Any:
+        """A handle for a tile of ``nelems`` items: a spare of that size, else a new one.
+
+        A spare's old content is garbage; every tile's first task writes it (W).
+        """
         stats.tiles_added(1)
-        return self.lib.tnt_register(max(nelems, 1), elemsize)
+        key = (max(nelems, 1), elemsize)
+        for pool in (self._spare_old, self._spare_new):
+            spares = pool.get(key)
+            if spares:
+                return spares.pop(0)  # the longest dead: its last readers are the likeliest done
+        h = self.lib.tnt_register(key[0], elemsize)
+        self._size[h] = key
+        stats.COUNTS["tiles_registered"] += 1
+        return h
+
+    def spare_count(self) -> int:
+        return sum(len(v) for pool in (self._spare_old, self._spare_new) for v in pool.values())
 
     def release(self, handles: list[Any]) -> None:
-        """Queue handles for unregistration (safe from any thread, after shutdown too)."""
+        """Return dead tiles' handles to the spares (safe from any thread, after shutdown too)."""
         if self.alive:
             stats.tiles_added(-len(handles))
-            self._doomed.extend(handles)
+            size, spares = self._size, self._spare_new
+            for h in handles:
+                spares.setdefault(size[h], []).append(h)
 
-    def _flush_releases(self) -> None:
-        doomed, self._doomed = self._doomed, []
-        unreg = self.lib.tnt_unregister_submit
-        for h in doomed:
+    def recycle(self) -> None:
+        """Unregister the spares no compile has wanted since the last call (main thread)."""
+        old, self._spare_old, self._spare_new = self._spare_old, self._spare_new, {}
+        self._unregister(h for spares in old.values() for h in spares)
+
+    def _unregister(self, handles: Iterator[Any]) -> None:
+        unreg, size = self.lib.tnt_unregister_submit, self._size
+        for h in handles:
+            del size[h]
             unreg(h)
 
     # -- tasks ------------------------------------------------------------
@@ -86,7 +114,6 @@ class Runtime:
         self.check_alive()
         if self.skip_starpu:
             stats.COUNTS["tasks_skipped"] += len(tasks)
-            self._flush_releases()
             return
         # Workers stay paused while the batch goes in: a Python submit loop racing
         # Python kernels for the GIL costs up to 100x more per task.
@@ -105,7 +132,6 @@ class Runtime:
                     raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
             self.tasks_submitted += len(tasks)
             stats.COUNTS["tasks_submitted"] += len(tasks)
-            self._flush_releases()
         finally:
             self.lib.tnt_resume()
 
@@ -125,7 +151,6 @@ class Runtime:
         ``progress(done, total)`` is called about every 0.1 s while tasks remain.
         """
         self.check_alive()
-        self._flush_releases()
         sub0, done0 = self._waited
         total = self.tasks_submitted - sub0
         if progress is not None and not self.paused:
@@ -162,7 +187,8 @@ class Runtime:
         try:
             self.wait()
         finally:
-            self._flush_releases()
+            self.recycle()
+            self.recycle()
             if self.paused:
                 self.lib.tnt_resume()
             self.lib.tnt_wait_all()
