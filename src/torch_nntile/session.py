@@ -63,13 +63,13 @@ class Session:
             rt = self.runtime()
             t0 = stats.enter()
             try:
-                rt.recycle()
                 folder = os.environ.get("TORCH_NNTILE_DUMP_GRAPH")
                 if folder:
                     self._dump(folder)
                 ctx = lower_pending(SESSION, lambda: Lowering(rt))
             finally:
                 stats.leave("compile", t0)
+            rt.recycle()
             if self.compiled is not None:
                 self.compiled.tasks.extend(ctx.tasks)
                 self.compiled.keep.extend(ctx.keep)

@@ -12,7 +12,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
 WHERE_CPU = 1 << 1  # STARPU_CPU
 
 TileSpec = tuple[int, torch.dtype, tuple[int, ...]]  # (nbytes, dtype, shape)
+SPARE_COMPILES = 4  # compiles a size of spare handles may go unasked for before they are freed
 
 
 class KernelError(RuntimeError):
@@ -57,11 +58,12 @@ class Runtime:
         self._next = 0
         # Handles whose tiles died are kept, with their memory, for new tiles of the same
         # size: a training loop then reuses last step's buffers instead of allocating
-        # (and page-faulting) ~100 MB per step. Spares unused for a whole compile are
-        # unregistered (StarPU frees their memory then).
+        # (and page-faulting) ~100 MB per step. Spares of a size no compile has asked
+        # for in SPARE_COMPILES compiles are unregistered (StarPU frees their memory).
         self._size: dict[Any, tuple[int, int]] = {}
-        self._spare_new: dict[tuple[int, int], list[Any]] = {}  # released since the last recycle()
-        self._spare_old: dict[tuple[int, int], list[Any]] = {}  # released before it; next to go
+        self._spares: dict[tuple[int, int], list[Any]] = {}
+        self._wanted: dict[tuple[int, int], int] = {}  # size -> compile count when last asked for
+        self._compiles = 0
         self._lock = threading.Lock()
         self.tasks_submitted = 0
         self._waited = (0, self.tasks_done())  # (submitted, done) at the last wait: progress counts from there
@@ -77,32 +79,33 @@ class Runtime:
         """
         stats.tiles_added(1)
         key = (max(nelems, 1), elemsize)
-        for pool in (self._spare_old, self._spare_new):
-            spares = pool.get(key)
-            if spares:
-                return spares.pop(0)  # the longest dead: its last readers are the likeliest done
+        self._wanted[key] = self._compiles
+        spares = self._spares.get(key)
+        if spares:
+            return spares.pop(0)  # the longest dead: its last readers are the likeliest done
         h = self.lib.tnt_register(key[0], elemsize)
         self._size[h] = key
         stats.COUNTS["tiles_registered"] += 1
         return h
 
     def spare_count(self) -> int:
-        return sum(len(v) for pool in (self._spare_old, self._spare_new) for v in pool.values())
+        return sum(len(v) for v in self._spares.values())
 
     def release(self, handles: list[Any]) -> None:
         """Return dead tiles' handles to the spares (safe from any thread, after shutdown too)."""
         if self.alive:
             stats.tiles_added(-len(handles))
-            size, spares = self._size, self._spare_new
+            size, spares = self._size, self._spares
             for h in handles:
                 spares.setdefault(size[h], []).append(h)
 
-    def recycle(self) -> None:
-        """Unregister the spares no compile has wanted since the last call (main thread)."""
-        old, self._spare_old, self._spare_new = self._spare_old, self._spare_new, {}
-        self._unregister(h for spares in old.values() for h in spares)
+    def recycle(self, keep: int = SPARE_COMPILES) -> None:
+        """After a compile: unregister spares of sizes not asked for in ``keep`` compiles."""
+        self._compiles += 1
+        for key in [k for k in self._spares if self._compiles - self._wanted.get(k, 0) > keep]:
+            self._unregister(self._spares.pop(key))
 
-    def _unregister(self, handles: Iterator[Any]) -> None:
+    def _unregister(self, handles: list[Any]) -> None:
         unreg, size = self.lib.tnt_unregister_submit, self._size
         for h in handles:
             del size[h]
@@ -187,8 +190,7 @@ class Runtime:
         try:
             self.wait()
         finally:
-            self.recycle()
-            self.recycle()
+            self.recycle(keep=-1)
             if self.paused:
                 self.lib.tnt_resume()
             self.lib.tnt_wait_all()
