@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from torch_nntile import backend as _backend  # noqa: F401  (registers the device)
@@ -35,8 +33,7 @@ from torch_nntile.report import (
 )
 from torch_nntile.runtime.context import WHERE_ANY, WHERE_CPU, KernelError
 from torch_nntile.session import SESSION_STATE as _S
-
-Progress = bool | Callable[[int, int], None] | None
+from torch_nntile.session import Progress
 
 __all__ = [
     "KernelError", "compile_graph", "dump_graph", "execute", "fallback_counts", "format_axis_groups",

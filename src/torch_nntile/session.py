@@ -19,6 +19,8 @@ from torch_nntile.ops.data import readout
 from torch_nntile.runtime.context import Runtime
 from torch_nntile.tiling.tiles import Lowering
 
+Progress = bool | Callable[[int, int], None] | None  # run/wait/execute(progress=...)
+
 
 class Session:
     def __init__(self) -> None:
@@ -86,7 +88,7 @@ class Session:
             with open(path, "w") as f:
                 f.write(tensor_dot(ops))
 
-    def run(self, progress: bool | Callable[[int, int], None] | None = None) -> None:
+    def run(self, progress: Progress = None) -> None:
         """Submit compiled tasks to StarPU and return at once.
 
         ``progress`` (a callback ``(done, total)``, or True for a bar on stderr) is
@@ -104,12 +106,12 @@ class Session:
             finally:
                 stats.leave("run", t0)
 
-    def execute(self, progress: bool | Callable[[int, int], None] | None = None) -> None:
+    def execute(self, progress: Progress = None) -> None:
         with self.lock:
             self.compile()
             self.run(progress)
 
-    def wait(self, progress: bool | Callable[[int, int], None] | None = None) -> None:
+    def wait(self, progress: Progress = None) -> None:
         with self.lock:
             hook = progress_bar if progress is True else progress or self.progress
             self.progress = None

@@ -25,9 +25,11 @@ INGRESS = Op("ingress", _lower_ingress)
 def ingress(cpu: torch.Tensor) -> DataNode:
     """A node holding a copy of a CPU tensor (copied now, tiled at compile)."""
     t0 = stats.enter()
-    src = cpu.detach().clone(memory_format=torch.contiguous_format)
-    stats.COUNTS["bytes_in"] += src.numel() * src.element_size()
-    stats.leave("ingress", t0)
+    try:
+        src = cpu.detach().clone(memory_format=torch.contiguous_format)
+        stats.COUNTS["bytes_in"] += src.numel() * src.element_size()
+    finally:
+        stats.leave("ingress", t0)
     return record(INGRESS, (), src, [(tuple(src.shape), src.dtype, None)])[0]
 
 

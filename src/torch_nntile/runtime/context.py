@@ -102,7 +102,10 @@ class Runtime:
     def recycle(self, keep: int = SPARE_COMPILES) -> None:
         """After a compile: unregister spares of sizes not asked for in ``keep`` compiles."""
         self._compiles += 1
-        for key in [k for k in self._spares if self._compiles - self._wanted.get(k, 0) > keep]:
+        now, wanted = self._compiles, self._wanted
+        for key in [k for k, last in wanted.items() if now - last > keep]:
+            del wanted[key]
+        for key in [k for k in self._spares if k not in wanted]:
             self._unregister(self._spares.pop(key))
 
     def _unregister(self, handles: list[Any]) -> None:
