@@ -119,3 +119,11 @@ def test_repeated_steps_reuse_tile_memory():
     again = torch_nntile.info()["tiles_registered"]
     step(x)
     assert torch_nntile.info()["tiles_registered"] > again
+    # empty_cache() frees every spare at once: the next step allocates all it needs
+    step(x)
+    assert torch_nntile.info()["tiles_spare"] > 0
+    torch_nntile.empty_cache()
+    assert torch_nntile.info()["tiles_spare"] == 0
+    before = torch_nntile.info()["tiles_registered"]
+    step(x)
+    assert torch_nntile.info()["tiles_registered"] > before

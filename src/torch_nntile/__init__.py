@@ -36,7 +36,7 @@ from torch_nntile.session import SESSION_STATE as _S
 from torch_nntile.session import Progress
 
 __all__ = [
-    "KernelError", "compile_graph", "dump_graph", "execute", "fallback_counts", "format_axis_groups",
+    "KernelError", "compile_graph", "dump_graph", "empty_cache", "execute", "fallback_counts", "format_axis_groups",
     "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
     "pending_op_names", "print_axis_groups", "print_info", "reset_info", "restore_where", "restrict_cpu",
     "restrict_cuda", "run", "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
@@ -117,6 +117,12 @@ def restrict_cuda() -> None:
 def restore_where() -> None:
     """Let tasks run on any worker again."""
     _S.runtime().where = WHERE_ANY
+
+
+def empty_cache() -> None:
+    """Free the tile memory kept for reuse: dead tiles' buffers, held (like PyTorch's
+    CUDA caching allocator) for new tiles of the same size in the next steps."""
+    _S.runtime().empty_cache()
 
 
 def fallback_counts() -> dict[str, int]:

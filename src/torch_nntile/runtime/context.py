@@ -99,6 +99,13 @@ class Runtime:
             for h in handles:
                 spares.setdefault(size[h], []).append(h)
 
+    def empty_cache(self) -> None:
+        """Unregister every spare handle now (StarPU frees their memory)."""
+        self.check_alive()
+        spares, self._spares = self._spares, {}
+        for handles in spares.values():
+            self._unregister(handles)
+
     def recycle(self, keep: int = SPARE_COMPILES) -> None:
         """After a compile: unregister spares of sizes not asked for in ``keep`` compiles."""
         self._compiles += 1
