@@ -1,9 +1,10 @@
 """The StarPU runtime behind a small boundary: register tiles, submit, wait.
 
-Tile memory is allocated by StarPU (handles registered with no home buffer), so
-a tile exists only between its first writer and its unregistration. Kernels are
-Python callables run on StarPU's CPU workers; each receives torch tensors that
-view the tile buffers StarPU hands to the task.
+Tile memory is allocated by StarPU (handles registered with no home buffer) at a
+tile's first writer. A dead tile's handle keeps its memory as a spare for the next
+tile of the same size, until no compile has asked for that size for a while or
+``empty_cache()``. Kernels are Python callables run on StarPU's CPU workers; each
+receives torch tensors that view the tile buffers StarPU hands to the task.
 """
 
 from __future__ import annotations

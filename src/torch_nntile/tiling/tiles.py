@@ -30,7 +30,7 @@ def offsets(sizes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class TileArray:
-    """The tiles of one value; handles are unregistered when it dies."""
+    """The tiles of one value; its handles go back to the runtime's spares when it dies."""
 
     __slots__ = ("shape", "dtype", "tiling", "grid", "handles", "specs", "offs", "rt", "__weakref__")
 
