@@ -120,3 +120,24 @@ def test_restrict_and_restore():
     x = torch.randn(4, 4).to("nntile")
     assert_close((x + x).cpu(), x.cpu() * 2)
     torch_nntile.restore_where()
+
+
+def test_workers_pause_when_work_drains_after_a_readout():
+    """.cpu() waits for its own value; work submitted with it goes on afterwards, and
+    once it drains the StarPU workers are paused instead of polling the cores."""
+    import time
+
+    x = torch.randn(64, 64)
+    xn = x.to("nntile")
+    first = xn + 1
+    later, want = first, x + 1
+    for _ in range(20):  # submitted with the readout below, not needed by it
+        later = later @ xn / 64
+        want = want @ x / 64
+    assert_close(first.cpu(), x + 1)
+    time.sleep(0.2)  # no wait(): the runtime pauses the workers by itself
+    t0, c0 = time.perf_counter(), time.process_time()
+    time.sleep(0.3)
+    cores = (time.process_time() - c0) / (time.perf_counter() - t0)
+    assert cores < 0.3, f"idle process used {cores:.2f} cores"
+    assert_close(later.cpu(), want, rtol=1e-4)

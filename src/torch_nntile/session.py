@@ -126,10 +126,9 @@ class Session:
         with self.lock:
             if node.value is None or SESSION.pending or self.compiled is not None:
                 self.execute()
-            rt = self.runtime()
-            if not rt.paused:
-                self.wait()  # computing is timed as "wait"; readout times the copy alone
-            return readout(rt, node)
+            if self.progress is not None:
+                self.wait()  # run(progress=...) reports through the wait of its value
+            return readout(self.runtime(), node)
 
     def shutdown(self) -> None:
         with self.lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from torch_nntile import stats
@@ -48,9 +50,11 @@ def fill(shape: tuple[int, ...], dtype: torch.dtype, value: float | int | bool, 
 
 
 def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
-    """Copy a materialized node's tiles into a new CPU tensor (waits).
+    """Copy a materialized node's tiles into a new CPU tensor.
 
-    Under a dry-run switch the tiles hold nothing meaningful (or nothing at all):
+    Waits for this value only: one task reads every tile once its writers are done,
+    while the rest of the submitted work goes on (the next step can be recorded and
+    submitted meanwhile). Under a dry-run switch the tiles hold nothing meaningful:
     the result is zeros and a warning says so.
     """
     t0 = stats.enter()
@@ -62,12 +66,23 @@ def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
             stats.warn_user(f"torch_nntile: {dry} is set; values read back are zeros, not results")
             rt.wait()  # what was submitted still completes (and idle workers pause)
         else:
+            idxs = list(arr.indices())
+            views = [cpu[arr.slices(idx)] for idx in idxs]
+            done = threading.Event()
+
+            def copy_out(*tiles: torch.Tensor) -> None:
+                for v, t in zip(views, tiles):
+                    v.copy_(t)
+
             ctx = Lowering(rt)
-            for idx in arr.indices():
-                view = cpu[arr.slices(idx)]
-                ctx.task(lambda t, v=view: v.copy_(t), [Arg(arr, idx, R)], "readout")
-            rt.submit(ctx.tasks)
-            rt.wait()
+            ctx.task(copy_out, [Arg(arr, idx, R) for idx in idxs], "readout")
+            rt.submit(ctx.tasks, notify=done)
+            t1 = stats.enter()
+            try:
+                done.wait()
+            finally:
+                stats.leave("wait", t1)
+            rt.raise_errors()
         stats.COUNTS["bytes_out"] += cpu.numel() * cpu.element_size()
         return cpu
     finally:

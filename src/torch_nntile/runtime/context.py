@@ -65,10 +65,18 @@ class Runtime:
         self._spares: dict[tuple[int, int], list[Any]] = {}
         self._wanted: dict[tuple[int, int], int] = {}  # size -> compile count when last asked for
         self._compiles = 0
-        self._lock = threading.Lock()
         self.tasks_submitted = 0
         self._waited = (0, self.tasks_done())  # (submitted, done) at the last wait: progress counts from there
+        # Idle StarPU workers poll (Debian's build has non-blocking drivers) and would
+        # take the cores from the user's code, so workers are paused whenever nothing
+        # is queued: by wait(), or by this thread once the tasks of a run drain (a
+        # readout waits for its value only, so work goes on after it returns).
+        self._lock = threading.Lock()  # guards paused and every pause/resume
+        self._epoch = 0  # submissions so far
+        self._drain = threading.Event()
+        self._pauser = threading.Thread(target=self._pause_when_drained, name="torch_nntile-pauser", daemon=True)
         self.pause()
+        self._pauser.start()
         global _CURRENT
         _CURRENT = self
 
@@ -123,31 +131,53 @@ class Runtime:
             unreg(h)
 
     # -- tasks ------------------------------------------------------------
-    def submit(self, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]]) -> None:
-        """Submit tasks (kernel, handles, modes, specs, name) in order; returns at once."""
+    def submit(self, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
+               notify: threading.Event | None = None) -> None:
+        """Submit tasks (kernel, handles, modes, specs, name) in order; returns at once.
+
+        ``notify`` is set once the last task has run and been accounted for.
+        """
         self.check_alive()
         if self.skip_starpu:
             stats.COUNTS["tasks_skipped"] += len(tasks)
             return
         # Workers stay paused while the batch goes in: a Python submit loop racing
         # Python kernels for the GIL costs up to 100x more per task.
-        if not self.paused:
-            self.lib.tnt_pause()
-        self.paused = False
         ffi, submit, where = self.ffi, self.lib.tnt_submit, self.where
-        try:
-            for fn, handles, modes, specs, name in tasks:
-                key = self._next
-                self._next = key + 1
-                _CLOSURES[key] = (fn, specs, name)
-                rc = submit(key, len(handles), ffi.new("tnt_handle[]", handles), ffi.new("int[]", modes), 0, where)
-                if rc != 0:
-                    _CLOSURES.pop(key, None)
-                    raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
-            self.tasks_submitted += len(tasks)
-            stats.COUNTS["tasks_submitted"] += len(tasks)
-        finally:
-            self.lib.tnt_resume()
+        with self._lock:
+            if not self.paused:
+                self.lib.tnt_pause()
+            self.paused = False
+            try:
+                last = len(tasks) - 1
+                for i, (fn, handles, modes, specs, name) in enumerate(tasks):
+                    key = self._next
+                    self._next = key + 1
+                    _CLOSURES[key] = (fn, specs, name, notify if i == last else None)
+                    rc = submit(key, len(handles), ffi.new("tnt_handle[]", handles), ffi.new("int[]", modes), 0, where)
+                    if rc != 0:
+                        _CLOSURES.pop(key, None)
+                        raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
+                self.tasks_submitted += len(tasks)
+                stats.COUNTS["tasks_submitted"] += len(tasks)
+            finally:
+                self.lib.tnt_resume()
+                self._epoch += 1
+        self._drain.set()
+
+    def _pause_when_drained(self) -> None:
+        while True:
+            self._drain.wait()
+            with self._lock:
+                if not self.alive:
+                    return
+                self._drain.clear()
+                epoch = self._epoch
+            self.lib.tnt_wait_all()
+            with self._lock:
+                if self.alive and epoch == self._epoch and not self.paused:
+                    self.lib.tnt_pause()
+                    self.paused = True
 
     @property
     def dry_run(self) -> str | None:
@@ -167,17 +197,18 @@ class Runtime:
         self.check_alive()
         sub0, done0 = self._waited
         total = self.tasks_submitted - sub0
-        if progress is not None and not self.paused:
+        if progress is not None:
             while (done := self.tasks_done() - done0) < total and not _ERRORS:
                 progress(done, total)
                 time.sleep(0.1)
-        if not self.paused:
-            self.lib.tnt_wait_all()
-            self.lib.tnt_pause()
-            self.paused = True
+        self.pause()
         self._waited = (self.tasks_submitted, self.tasks_done())
         if progress is not None:
             progress(total, total)
+        self.raise_errors()
+
+    def raise_errors(self) -> None:
+        """Raise the first kernel error since the last call, naming its op."""
         if _ERRORS:
             errs = list(_ERRORS)
             _ERRORS.clear()
@@ -186,10 +217,12 @@ class Runtime:
             raise KernelError(f"tile kernel of {name} failed: {type(exc).__name__}: {exc}{more}") from exc
 
     def pause(self) -> None:
-        if not self.paused:
-            self.lib.tnt_wait_all()
-            self.lib.tnt_pause()
-            self.paused = True
+        """Wait for every submitted task, then keep the workers from polling."""
+        self.lib.tnt_wait_all()
+        with self._lock:
+            if not self.paused:
+                self.lib.tnt_pause()
+                self.paused = True
 
     def check_alive(self) -> None:
         if not self.alive:
@@ -202,16 +235,20 @@ class Runtime:
             self.wait()
         finally:
             self.recycle(keep=-1)
-            if self.paused:
-                self.lib.tnt_resume()
+            with self._lock:
+                if self.paused:
+                    self.lib.tnt_resume()
+                    self.paused = False
+                self.alive = False
+            self._drain.set()
+            self._pauser.join()
             self.lib.tnt_wait_all()
-            self.alive = False
             self.lib.tnt_shutdown()
             _TENSOR_CACHE.clear()
 
 
 _CURRENT: Runtime | None = None
-_CLOSURES: dict[int, tuple[Callable[..., None], list[TileSpec], str]] = {}
+_CLOSURES: dict[int, tuple[Callable[..., None], list[TileSpec], str, threading.Event | None]] = {}
 _ERRORS: list[tuple[str, BaseException]] = []
 # (address, spec) -> tensor viewing that memory. StarPU reuses buffers, so the same
 # tile comes back every step and building a tensor (~6 us) is paid once. The view
@@ -234,7 +271,7 @@ def _bind_callback(ffi: Any) -> None:
 
     @ffi.def_extern()
     def _tnt_kernel(key: int, ptrs: Any, n: int, worker: int) -> None:  # noqa: ANN001
-        fn, specs, name = _CLOSURES.pop(key)
+        fn, specs, name, notify = _CLOSURES.pop(key)
         try:
             if worker not in _WORKERS_READY:
                 torch.set_num_threads(1)
@@ -264,6 +301,8 @@ def _bind_callback(ffi: Any) -> None:
             _ERRORS.append((name, exc))
         finally:
             done[worker] += 1
+            if notify is not None:
+                notify.set()
 
 
 def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:
