@@ -43,10 +43,12 @@ def main() -> None:
         return loss
 
     step().item()  # warm-up: first-touch allocations
+    torch_nntile.wait()  # .item() waits for the loss only; let the rest of the step finish
     torch_nntile.reset_info()
     for _ in range(args.steps):
         loss = step()
         loss.cumsum(0).item()  # cumsum has no nntile kernel: it runs on the CPU fallback
+    torch_nntile.wait()
 
     print(f"== torch_nntile.print_info() after {args.steps} steps")
     torch_nntile.print_info()
