@@ -44,8 +44,8 @@ def _timed_block(model, opt, x, y, n: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per side")
-    ap.add_argument("--block", type=int, default=2, help="consecutive steps timed together")
+    ap.add_argument("--steps", type=int, default=50, help="timed steps per side")
+    ap.add_argument("--block", type=int, default=5, help="consecutive steps timed together")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--tile", type=int, default=256, help="batch tile size on nntile")
