@@ -31,14 +31,15 @@ _PHASE_LABELS = {
 }
 
 
-def _spares() -> int:
+def _live_runtime() -> Any:
+    """The running runtime, or None: reports never start (or restart) StarPU."""
     rt = SESSION_STATE.rt
-    return rt.spare_count() if rt is not None and rt.alive else 0
+    return rt if rt is not None and rt.alive else None
 
 
 def _dry_run() -> str | None:
-    rt = SESSION_STATE.rt
-    return rt.dry_run if rt is not None and rt.alive else None
+    rt = _live_runtime()
+    return rt.dry_run if rt is not None else None
 
 
 # -- info ----------------------------------------------------------------------
@@ -63,7 +64,7 @@ def info() -> dict[str, Any]:
         "tiles_live": c["tiles_live"],
         "tiles_peak": stats.TILES_PEAK[0],
         "tiles_registered": c["tiles_registered"],
-        "tiles_spare": _spares(),
+        "tiles_spare": rt.spare_count() if (rt := _live_runtime()) is not None else 0,
         "bytes_in": c["bytes_in"],
         "bytes_out": c["bytes_out"],
         "dry_run": _dry_run(),

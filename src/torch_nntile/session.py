@@ -96,7 +96,7 @@ class Session:
         """
         with self.lock:
             if progress is not None:
-                self.progress = progress_bar if progress is True else progress or None
+                self.progress = _hook(progress)
             if self.compiled is None:
                 return
             ctx, self.compiled = self.compiled, None
@@ -113,7 +113,7 @@ class Session:
 
     def wait(self, progress: Progress = None) -> None:
         with self.lock:
-            hook = progress_bar if progress is True else progress or self.progress
+            hook = _hook(progress) or self.progress
             self.progress = None
             t0 = stats.enter()
             try:
@@ -137,6 +137,11 @@ class Session:
             if self.rt is not None and self.rt.alive:
                 self.rt.shutdown()
                 self.shut_down = True
+
+
+def _hook(progress: Progress) -> Callable[[int, int], None] | None:
+    """A progress argument as a callback: True is the stderr bar, False/None none."""
+    return progress_bar if progress is True else progress or None
 
 
 def progress_bar(done: int, total: int) -> None:

@@ -75,7 +75,7 @@ def fix(g: AxisGroup, op_name: str) -> None:
 
 def set_name(g: AxisGroup, name: str) -> None:
     r = g.root()
-    if r.name is not None and r.name != name and r.name not in r.aliases:
+    if r.name is not None and r.name != name:
         r.aliases += (r.name,)  # a group may carry several names; all stay usable
     r.name = name
     r.aliases = tuple(n for n in r.aliases if n != name)
@@ -145,8 +145,6 @@ def tiling_of(root: AxisGroup) -> tuple[int, ...]:
     A group that carries several names (ops merged named groups) takes the tiling
     set for any of them; two different tilings are an error naming both.
     """
-    if root.name is None:
-        return (root.extent,)
     set_for = [(n, _TILINGS[n]) for n in root.names() if n in _TILINGS]
     if not set_for:
         return (root.extent,)

@@ -43,8 +43,9 @@ class TileArray:
         self.offs = tuple(offsets(t) for t in tiling)
         item = dtype.itemsize
         shapes = list(itertools.product(*tiling)) if tiling else [()]
-        self.specs: list[TileSpec] = [(math.prod(ts) * item, dtype, ts) for ts in shapes]  # per flat index
-        self.handles = [rt.register(math.prod(ts), item) for ts in shapes]
+        sizes = [math.prod(ts) for ts in shapes]
+        self.specs: list[TileSpec] = [(n * item, dtype, ts) for n, ts in zip(sizes, shapes)]  # per flat index
+        self.handles = [rt.register(n, item) for n in sizes]
 
     def indices(self) -> Iterator[tuple[int, ...]]:
         return itertools.product(*(range(g) for g in self.grid))
