@@ -179,3 +179,34 @@ def test_linear_reads_transposed_weight_without_copy(shape):
     y = torch.nn.functional.linear(x, w)
     assert torch_nntile.pending_op_names() == ["mm"]
     assert_close(y.cpu(), torch.nn.functional.linear(x.cpu(), w.cpu()))
+
+
+def _tasks_run(fn) -> int:
+    """Tasks submitted for the ops ``fn`` records (inputs already on the device)."""
+    torch_nntile.wait()
+    n0 = torch_nntile.info()["tasks_submitted"]
+    fn()
+    torch_nntile.execute()
+    torch_nntile.wait()
+    return torch_nntile.info()["tasks_submitted"] - n0
+
+
+def test_split_reduction_only_without_independent_work():
+    """A gradient-like product g^T x over 4 batch tiles into one output tile is split
+    into 2 parallel chains (4 mm tasks + 1 sum) when nothing else can run beside it,
+    and accumulated in one chain (no sum) when an independent product follows."""
+    g, x = torch.randn(64, 8), torch.randn(64, 6)
+    a, b = torch.randn(8, 64), torch.randn(64, 6)
+    gn, xn, an, bn = (t.to("nntile") for t in (g, x, a, b))
+    torch_nntile.set_axis_group_name(gn, {0: "split_k"})
+    torch_nntile.set_axis_group_name(xn, {0: "split_k"})
+    torch_nntile.set_axis_group_tiling("split_k", 16)
+    torch_nntile.execute()  # the inputs' tiles, in the tiling the products read
+    out = {}
+    tail = _tasks_run(lambda: out.update(dw=gn.t() @ xn))
+    assert tail == 5
+    assert_close(out["dw"].cpu(), g.t() @ x)
+    both = _tasks_run(lambda: out.update(dw=gn.t() @ xn, other=an @ bn))
+    assert both == 4 + 1
+    assert_close(out["dw"].cpu(), g.t() @ x)
+    assert_close(out["other"].cpu(), a @ b)

@@ -19,18 +19,28 @@ Kernel = Callable[..., None]
 
 
 class Op:
-    """A tensor-level op: ``lower(ctx, opnode)`` emits its tile tasks."""
+    """A tensor-level op: ``lower(ctx, opnode)`` emits its tile tasks.
 
-    __slots__ = ("name", "lower", "_label")
+    ``cost(opnode)``, where given, estimates the op's arithmetic (multiply-adds);
+    lowering uses it to decide where extra parallelism is worth extra work. Ops
+    without one count as free next to matrix products.
+    """
+
+    __slots__ = ("name", "lower", "_label", "_cost")
 
     def __init__(self, name: str, lower: Callable[[Lowering, OpNode], None],
-                 label: Callable[[OpNode], str] | None = None) -> None:
+                 label: Callable[[OpNode], str] | None = None,
+                 cost: Callable[[OpNode], float] | None = None) -> None:
         self.name = name
         self.lower = lower
         self._label = label
+        self._cost = cost
 
     def label(self, node: OpNode) -> str:
         return self._label(node) if self._label is not None else self.name
+
+    def cost(self, node: OpNode) -> float:
+        return self._cost(node) if self._cost is not None else 0.0
 
     def __repr__(self) -> str:
         return f"Op({self.name})"
@@ -107,31 +117,67 @@ def _add_kernel(acc: torch.Tensor, part: torch.Tensor) -> None:
     acc.add_(part)
 
 
+LOOKAHEAD = 256  # ops scanned for independent work: bounds compile time on long graphs
+
+
+def independent_work(ctx: Lowering, node: OpNode, enough: float) -> bool:
+    """Whether the ops after ``node`` in this compile that do not depend on it cost
+    at least ``enough``: work the other workers can do while it runs."""
+    dep = {node}
+    free = 0.0
+    start = ctx.op_index[node] + 1
+    for op in ctx.ops[start:start + LOOKAHEAD]:
+        if any(i.op in dep for i in op.inputs):
+            dep.add(op)
+        else:
+            free += op.opdef.cost(op)
+            if free >= enough:
+                return True
+    return False
+
+
+def split_chains(ctx: Lowering, node: OpNode, n_parts: int, n_out_tiles: int) -> int:
+    """How many parallel chains a reduction of ``n_parts`` parts into one tile uses.
+
+    One chain accumulates in place. More chains keep idle workers busy but cost a
+    temporary tile and a sum each, so they are used only when neither the op's
+    other output tiles nor independent later ops (e.g. the rest of a backward pass
+    next to a weight gradient) can keep the workers busy.
+    """
+    ncpu = ctx.ncpu
+    if n_out_tiles >= 2 * ncpu or n_parts < 2 or ncpu < 2:
+        return 1
+    own = node.opdef.cost(node)
+    if own and independent_work(ctx, node, (ncpu - 1) * own):
+        return 1
+    return min(ncpu, n_parts)
+
+
 def reduce_into(
     ctx: Lowering,
     out: TileArray,
     idx: tuple[int, ...],
     parts: list[tuple[Kernel, Kernel, list[Arg]]],
     name: str,
-    n_out_tiles: int,
+    nchains: int,
     finish: Kernel | None = None,
 ) -> None:
     """Sum contributions into one output tile.
 
-    Each part is ``(write, accumulate, args)``. With enough output tiles to keep
-    the workers busy, parts accumulate in place one after another. Otherwise they
-    are dealt into one chain per worker (the first into the output tile, the rest
-    into temporary tiles) that run in parallel and are summed pairwise at the end.
+    Each part is ``(write, accumulate, args)``. The parts are dealt round-robin
+    into ``nchains`` chains (see ``split_chains``), so that parts whose inputs are
+    ready together (e.g. the batch tiles of a gradient) start together: the first
+    chain accumulates in the output tile, the others in temporary tiles; chains run
+    in parallel and are summed pairwise at the end.
     """
-    nchains = 1 if n_out_tiles >= 2 * ctx.ncpu else min(ctx.ncpu, len(parts))
+    nchains = max(1, min(nchains, len(parts)))
     shape = out.tile_shape(idx)
     zero = (0,) * len(shape)
     heads: list[tuple[TileArray, tuple[int, ...]]] = [(out, idx)]
     for _ in range(1, nchains):
         heads.append((ctx.temp(shape, out.dtype), zero))
-    n = len(parts)
     for c, (arr, aidx) in enumerate(heads):
-        chain = parts[c * n // nchains:(c + 1) * n // nchains]  # never empty: nchains <= n
+        chain = parts[c::nchains]  # never empty: nchains <= len(parts)
         for j, (write, acc, args) in enumerate(chain):
             ctx.task(write if j == 0 else acc, [Arg(arr, aidx, W if j == 0 else RW), *args], name)
     while len(heads) > 1:

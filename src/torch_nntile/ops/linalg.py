@@ -8,7 +8,7 @@ import torch
 
 from torch_nntile.graph.axes import union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.ops.base import Op, input_index, record, reduce_into
+from torch_nntile.ops.base import Op, input_index, record, reduce_into, split_chains
 from torch_nntile.tiling.tiles import Arg, Lowering, R
 
 
@@ -18,7 +18,7 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
     bias = ctx.input(node.inputs[2]) if len(node.inputs) > 2 else None
     out = ctx.output(node.outputs[0])
     nk = a.grid[0] if ta else a.grid[1]
-    n_out = out.grid[0] * out.grid[1]
+    nchains = split_chains(ctx, node, nk, out.grid[0] * out.grid[1])
     for i, j in out.indices():
         parts = []
         for k in range(nk):
@@ -29,7 +29,7 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
             else:
                 write = _mm_kernel(ta, tb, alpha)
             parts.append((write, _mm_acc_kernel(ta, tb, alpha), args))
-        reduce_into(ctx, out, (i, j), parts, "mm", n_out)
+        reduce_into(ctx, out, (i, j), parts, "mm", nchains)
 
 
 @cache
@@ -55,7 +55,13 @@ def _mm_acc_kernel(ta: bool, tb: bool, alpha: float):
     return k
 
 
-MM = Op("mm", _lower_mm)
+def _mm_cost(node: OpNode) -> float:
+    ta = node.attrs[0]
+    a, out = node.inputs[0], node.outputs[0]
+    return out.shape[0] * out.shape[1] * (a.shape[0] if ta else a.shape[1])
+
+
+MM = Op("mm", _lower_mm, cost=_mm_cost)
 
 
 def mm(

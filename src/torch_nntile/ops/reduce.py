@@ -9,7 +9,7 @@ import torch
 
 from torch_nntile.graph.axes import fix, new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.ops.base import Op, broadcast_axes, kernel_name, record, reduce_into
+from torch_nntile.ops.base import Op, broadcast_axes, kernel_name, record, reduce_into, split_chains
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
 
 # -- sum / mean over dims ------------------------------------------------------
@@ -20,8 +20,8 @@ def _lower_sum(ctx: Lowering, node: OpNode) -> None:
     x = ctx.input(node.inputs[0])
     out = ctx.output(node.outputs[0])
     kept = [d for d in range(len(x.shape)) if d not in dims]
-    n_out = math.prod(out.grid)
     rgrids = [range(x.grid[d]) for d in dims]
+    nchains = split_chains(ctx, node, math.prod(len(r) for r in rgrids), math.prod(out.grid))
     odt = out.dtype
 
     def write(o: torch.Tensor, t: torch.Tensor) -> None:
@@ -41,10 +41,10 @@ def _lower_sum(ctx: Lowering, node: OpNode) -> None:
             for d, i in zip(dims, ridx):
                 xi[d] = i
             parts.append((write, acc, [Arg(x, tuple(xi), R)]))
-        reduce_into(ctx, out, oidx, parts, "sum", n_out, finish)
+        reduce_into(ctx, out, oidx, parts, "sum", nchains, finish)
 
 
-SUM = Op("sum", _lower_sum)
+SUM = Op("sum", _lower_sum, cost=lambda node: node.inputs[0].numel)
 
 
 def sum_op(x: DataNode, dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype, mean: bool = False) -> DataNode:

@@ -105,6 +105,8 @@ class Lowering:
         self._node_tilings: dict[Any, Tiling] = {}
         self.labels: dict[int, str] = {}  # id(array) -> label of the op that produced it (for dumps)
         self.ncpu = rt.ncpu
+        self.ops: list[Any] = []  # the ops of this compile, in record order
+        self.op_index: dict[Any, int] = {}
 
     # -- planning ---------------------------------------------------------
     def tiling(self, node: Any) -> Tiling:
@@ -124,6 +126,8 @@ class Lowering:
 
     def plan(self, ops: list[Any]) -> None:
         """Resolve the tiling of every value the ops touch (errors name the group)."""
+        self.ops = ops
+        self.op_index = {op: i for i, op in enumerate(ops)}
         tiling = self.tiling
         for op in ops:
             for n in op.inputs:
