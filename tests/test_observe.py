@@ -566,6 +566,28 @@ def test_trace_records_every_task_once(tmp_path):
     assert min(e["ts"] for e in tasks + phases) == 0
 
 
+def test_native_product_tasks_are_counted_and_traced(tmp_path):
+    """Product tiles run in C (no Python callback) still show up in metrics, in the
+    progress count and in traces, once each, with matching durations."""
+    _x, xn = _tiled(rows=8, cols=6, tile=2)  # 4 row tiles
+    w = torch.randn(5, 6).to("nntile")
+    _flush()
+    torch_nntile.reset_info()
+    rt = torch_nntile.session.SESSION_STATE.runtime()
+    done0 = rt.tasks_done()
+    path = tmp_path / "mm.json"
+    with torch_nntile.trace(path):
+        y = xn @ w.t()  # 4 output tiles, one product task each
+        torch_nntile.execute()
+    tasks, _ = _check_trace(path)
+    mm = [e for e in tasks if e["name"] == "mm"]
+    k = torch_nntile.metrics()["kernels"]["mm"]
+    assert len(mm) == k["tasks"] == 4
+    assert sum(e["dur"] for e in mm) == pytest.approx(k["seconds"] * 1e6, rel=1e-3, abs=4e-3)
+    assert rt.tasks_done() - done0 == torch_nntile.info()["tasks_submitted"] == len(tasks)
+    assert_close(y.cpu(), _x @ w.cpu().t())
+
+
 def test_start_stop_trace_counts_and_stops(tmp_path):
     _x, xn = _tiled()
     torch_nntile.start_trace()

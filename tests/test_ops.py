@@ -82,6 +82,27 @@ def test_matmul(name, tiles):
     check_op(fn, inputs, tiles)
 
 
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def gemm_path(request):
+    """Matrix-product tiles run by BLAS from C on the worker, or as torch calls."""
+    rt = torch_nntile.session.SESSION_STATE.runtime()
+    if request.param and not rt.native_gemm:
+        pytest.skip("torch's BLAS exports no sgemm_ here: products run as torch calls")
+    saved, rt.native_gemm = rt.native_gemm, request.param
+    yield request.param
+    torch_nntile.wait()
+    rt.native_gemm = saved
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["matmul_tt", "addmm"])
+def test_matmul_both_kernel_paths(name, dtype, gemm_path):
+    """Both ways a product tile runs agree with CPU PyTorch, in both precisions,
+    with transposed operands, alpha/beta, uneven tiles and split reductions."""
+    fn, inputs = MATMUL[name]
+    check_op(fn, [x.to(dtype) for x in inputs], MM_TILINGS[2], rtol=1e-5 if dtype == torch.float32 else 1e-12)
+
+
 VIEWS = {
     "view": lambda a: a.view(4, 30) * 2,
     "reshape": lambda a: a.reshape(120) + 1,

@@ -110,6 +110,7 @@ def reset_info() -> None:
 def metrics() -> dict[str, Any]:
     """Recorded calls per ATen op, CPU fallbacks (count, first user source line),
     and per tile kernel the task count and total kernel seconds (all workers)."""
+    stats.collect()
     kernels: dict[str, dict[str, float]] = {}
     for per_worker in stats.KERNELS:
         for name, (n, sec) in list(per_worker.items()):
@@ -233,6 +234,7 @@ def stop_trace(path: str | os.PathLike[str]) -> int:
     try:
         SESSION_STATE.wait()
     finally:
+        stats.collect()
         events, host = stats.TRACE or [], list(stats.TRACE_HOST)
         stats.TRACE = None
         stats.TRACE_HOST.clear()

@@ -8,6 +8,7 @@ import torch
 
 from torch_nntile.graph.axes import union
 from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.kernels import gemm
 from torch_nntile.ops.base import Op, input_index, record, reduce_into, split_chains
 from torch_nntile.tiling.tiles import Arg, Lowering, R
 
@@ -27,31 +28,15 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
                 args.append(Arg(bias, input_index(bias, (i, j), 2), R))
                 write = _mm_bias_kernel(ta, tb, alpha, beta)
             else:
-                write = _mm_kernel(ta, tb, alpha)
-            parts.append((write, _mm_acc_kernel(ta, tb, alpha), args))
+                write = gemm(ta, tb, alpha, False)
+            parts.append((write, gemm(ta, tb, alpha, True), args))
         reduce_into(ctx, out, (i, j), parts, "mm", nchains)
-
-
-@cache
-def _mm_kernel(ta: bool, tb: bool, alpha: float):
-    def k(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
-        torch.mm(x.t() if ta else x, y.t() if tb else y, out=o)
-        if alpha != 1:
-            o.mul_(alpha)
-    return k
 
 
 @cache
 def _mm_bias_kernel(ta: bool, tb: bool, alpha: float, beta: float):
     def k(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> None:
         torch.addmm(bias, x.t() if ta else x, y.t() if tb else y, beta=beta, alpha=alpha, out=o)
-    return k
-
-
-@cache
-def _mm_acc_kernel(ta: bool, tb: bool, alpha: float):
-    def k(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
-        o.addmm_(x.t() if ta else x, y.t() if tb else y, alpha=alpha)
     return k
 
 

@@ -25,12 +25,20 @@ void tnt_unregister_submit(tnt_handle h);
 void tnt_invalidate_submit(tnt_handle h);
 int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, int prio, uint32_t where);
 int tnt_wait_all(void);
+void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip);
+int tnt_submit_gemm(tnt_handle *handles, int *modes, int ta, int tb, int m, int n, int k,
+                    double alpha, double beta, int dbl, int64_t key, int name, int trace, uint32_t where);
+int64_t tnt_gemm_done(void);
+void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
+int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0, double *t1, int64_t max);
 """
 
 SOURCE = r"""
 #include <starpu.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef void *tnt_handle;
 static void _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker);
@@ -101,6 +109,149 @@ int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, int prio, ui
 }
 
 int tnt_wait_all(void) { return starpu_task_wait_for_all(); }
+
+/* Matrix-product tiles run here, in the StarPU worker, calling BLAS directly:
+   no Python, no GIL. Tiles are row-major; BLAS is column-major, so the row-major
+   C (m x n) = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T. */
+
+typedef void (*tnt_sgemm_t)(const char *, const char *, const int *, const int *, const int *,
+                            const float *, const float *, const int *, const float *, const int *,
+                            const float *, float *, const int *);
+typedef void (*tnt_dgemm_t)(const char *, const char *, const int *, const int *, const int *,
+                            const double *, const double *, const int *, const double *, const int *,
+                            const double *, double *, const int *);
+typedef int (*tnt_threads_t)(int);
+
+#define TNT_NAMES 16
+static tnt_sgemm_t tnt_sgemm;
+static tnt_dgemm_t tnt_dgemm;
+static tnt_threads_t tnt_blas_threads;
+static int tnt_skip_kernels;
+static struct starpu_codelet tnt_gemm_cl;
+static int64_t tnt_gemm_ndone;
+static int64_t tnt_gemm_calls[STARPU_NMAXWORKERS][TNT_NAMES];
+static int64_t tnt_gemm_ns[STARPU_NMAXWORKERS][TNT_NAMES];
+static starpu_pthread_mutex_t tnt_ev_lock = STARPU_PTHREAD_MUTEX_INITIALIZER;
+struct tnt_event { int64_t key; int worker, name; double t0, t1; };
+static struct tnt_event *tnt_events;
+static int64_t tnt_nevents, tnt_evcap;
+
+struct tnt_gemm_args { int64_t key; int ta, tb, m, n, k, dbl, name, trace; double alpha, beta; };
+
+static double tnt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);  /* the clock of Python's time.perf_counter */
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void tnt_gemm_func(void *buffers[], void *cl_arg)
+{
+    static __thread int single_threaded;
+    const struct tnt_gemm_args *a = cl_arg;
+    int w = starpu_worker_get_id();
+    if (!single_threaded) {  /* one core per worker: no BLAS threads of its own */
+        if (tnt_blas_threads)
+            tnt_blas_threads(1);
+        single_threaded = 1;
+    }
+    double t0 = tnt_now();
+    if (!tnt_skip_kernels && a->m > 0 && a->n > 0) {
+        void *c = (void *)STARPU_VECTOR_GET_PTR(buffers[0]);
+        void *x = (void *)STARPU_VECTOR_GET_PTR(buffers[1]);
+        void *y = (void *)STARPU_VECTOR_GET_PTR(buffers[2]);
+        char opy = a->tb ? 'T' : 'N', opx = a->ta ? 'T' : 'N';
+        int ldy = a->tb ? a->k : a->n, ldx = a->ta ? a->m : a->k, ldc = a->n;
+        if (ldy < 1) ldy = 1;
+        if (ldx < 1) ldx = 1;
+        if (a->dbl) {
+            double al = a->alpha, be = a->beta;
+            tnt_dgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, y, &ldy, x, &ldx, &be, c, &ldc);
+        } else {
+            float al = (float)a->alpha, be = (float)a->beta;
+            tnt_sgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, y, &ldy, x, &ldx, &be, c, &ldc);
+        }
+    }
+    double t1 = tnt_now();
+    __atomic_add_fetch(&tnt_gemm_calls[w][a->name], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&tnt_gemm_ns[w][a->name], (int64_t)((t1 - t0) * 1e9), __ATOMIC_RELAXED);
+    if (a->trace) {
+        STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);
+        if (tnt_nevents == tnt_evcap) {
+            int64_t cap = tnt_evcap ? 2 * tnt_evcap : 4096;
+            struct tnt_event *ev = realloc(tnt_events, cap * sizeof(*ev));
+            if (ev) { tnt_events = ev; tnt_evcap = cap; }
+        }
+        if (tnt_nevents < tnt_evcap) {
+            struct tnt_event e = { a->key, w, a->name, t0, t1 };
+            tnt_events[tnt_nevents++] = e;
+        }
+        STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
+    }
+    __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+}
+
+void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip)
+{
+    tnt_sgemm = (tnt_sgemm_t)sgemm;
+    tnt_dgemm = (tnt_dgemm_t)dgemm;
+    tnt_blas_threads = (tnt_threads_t)set_threads_local;
+    tnt_skip_kernels = skip;
+    memset(&tnt_gemm_cl, 0, sizeof(tnt_gemm_cl));
+    tnt_gemm_cl.where = STARPU_CPU;
+    tnt_gemm_cl.cpu_funcs[0] = tnt_gemm_func;
+    tnt_gemm_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
+    tnt_gemm_cl.name = "nntile_gemm";
+}
+
+int tnt_submit_gemm(tnt_handle *handles, int *modes, int ta, int tb, int m, int n, int k,
+                    double alpha, double beta, int dbl, int64_t key, int name, int trace, uint32_t where)
+{
+    if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL))
+        return -EINVAL;
+    struct tnt_gemm_args *a = malloc(sizeof(*a));
+    if (a == NULL)
+        return -ENOMEM;
+    struct tnt_gemm_args v = { key, ta, tb, m, n, k, dbl, name, trace, alpha, beta };
+    *a = v;
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_gemm_cl;
+    task->cl_arg = a;
+    task->cl_arg_size = sizeof(*a);
+    task->cl_arg_free = 1;
+    task->nbuffers = 3;
+    task->where = where;
+    for (int i = 0; i < 3; i++) {
+        STARPU_TASK_SET_HANDLE(task, (starpu_data_handle_t)handles[i], i);
+        STARPU_TASK_SET_MODE(task, (enum starpu_data_access_mode)modes[i], i);
+    }
+    return starpu_task_submit(task);
+}
+
+int64_t tnt_gemm_done(void) { return __atomic_load_n(&tnt_gemm_ndone, __ATOMIC_ACQUIRE); }
+
+void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds)
+{
+    *calls = __atomic_exchange_n(&tnt_gemm_calls[worker][name], 0, __ATOMIC_RELAXED);
+    *seconds = 1e-9 * (double)__atomic_exchange_n(&tnt_gemm_ns[worker][name], 0, __ATOMIC_RELAXED);
+}
+
+int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0, double *t1, int64_t max)
+{
+    STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);
+    int64_t n = tnt_nevents < max ? tnt_nevents : max;
+    for (int64_t i = 0; i < n; i++) {
+        keys[i] = tnt_events[i].key;
+        workers[i] = tnt_events[i].worker;
+        names[i] = tnt_events[i].name;
+        t0[i] = tnt_events[i].t0;
+        t1[i] = tnt_events[i].t1;
+    }
+    memmove(tnt_events, tnt_events + n, (tnt_nevents - n) * sizeof(*tnt_events));
+    tnt_nevents -= n;
+    STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
+    return n;
+}
 """
 
 

@@ -4,7 +4,9 @@ Tile memory is allocated by StarPU (handles registered with no home buffer) at a
 tile's first writer. A dead tile's handle keeps its memory as a spare for the next
 tile of the same size, until no compile has asked for that size for a while or
 ``empty_cache()``. Kernels are Python callables run on StarPU's CPU workers; each
-receives torch tensors that view the tile buffers StarPU hands to the task.
+receives torch tensors that view the tile buffers StarPU hands to the task. The
+matrix-product kernel (``kernels.Gemm``) is also run in C, calling BLAS with no
+Python callback, where torch's BLAS exports it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from torch_nntile import stats
+from torch_nntile.kernels import Gemm
 
 R, W, RW = 1, 2, 3  # STARPU_R, STARPU_W, STARPU_RW
 WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
@@ -57,6 +60,14 @@ class Runtime:
         self.paused = False
         self.where = WHERE_ANY
         self._next = 0
+        # Matrix-product tiles call BLAS from C on the worker (no GIL) when the BLAS
+        # that torch is linked with exports it and lets each worker keep it to one
+        # thread; otherwise they run as torch calls.
+        blas = _find_blas()
+        self.lib.tnt_set_blas(*blas, int(_SKIP_KERNELS))
+        self.native_gemm = bool(blas[0] and blas[2]) and not stats.env_flag("TORCH_NNTILE_PYTHON_KERNELS")
+        self._gemm_names: dict[str, int] = {}  # task name -> small id the C side counts under
+        stats.COLLECTORS.append(self._collect_native)
         # Handles whose tiles died are kept, with their memory, for new tiles of the same
         # size: a training loop then reuses last step's buffers instead of allocating
         # (and page-faulting) ~100 MB per step. Spares of a size no compile has asked
@@ -144,6 +155,8 @@ class Runtime:
         # Workers stay paused while the batch goes in: a Python submit loop racing
         # Python kernels for the GIL costs up to 100x more per task.
         ffi, submit, where = self.ffi, self.lib.tnt_submit, self.where
+        native = self.native_gemm and not _SKIP_KERNELS
+        gemm_submit, names, tracing = self.lib.tnt_submit_gemm, self._gemm_names, int(stats.TRACE is not None)
         with self._lock:
             if not self.paused:
                 self.lib.tnt_pause()
@@ -153,8 +166,22 @@ class Runtime:
                 for i, (fn, handles, modes, specs, name) in enumerate(tasks):
                     key = self._next
                     self._next = key + 1
+                    hs, ms = ffi.new("tnt_handle[]", handles), ffi.new("int[]", modes)
+                    if native and type(fn) is Gemm and (i != last or notify is None):
+                        dt = specs[0][1]
+                        nid = names.get(name)
+                        if nid is None and len(names) < _GEMM_NAMES:
+                            nid = names[name] = len(names)
+                        if nid is not None and (dt is torch.float32 or dt is torch.float64):
+                            (m, n), xs = specs[0][2], specs[1][2]
+                            rc = gemm_submit(hs, ms, fn.ta, fn.tb, m, n, xs[0] if fn.ta else xs[1], fn.alpha,
+                                             1.0 if fn.accumulate else 0.0, dt is torch.float64, key, nid,
+                                             tracing, where)
+                            if rc != 0:
+                                raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
+                            continue
                     _CLOSURES[key] = (fn, specs, name, notify if i == last else None)
-                    rc = submit(key, len(handles), ffi.new("tnt_handle[]", handles), ffi.new("int[]", modes), 0, where)
+                    rc = submit(key, len(handles), hs, ms, 0, where)
                     if rc != 0:
                         _CLOSURES.pop(key, None)
                         raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
@@ -187,7 +214,28 @@ class Runtime:
         return "TORCH_NNTILE_SKIP_KERNELS" if _SKIP_KERNELS else None
 
     def tasks_done(self) -> int:
-        return sum(stats.DONE)
+        return sum(stats.DONE) + self.lib.tnt_gemm_done()
+
+    def _collect_native(self) -> None:
+        """Fold the counts, kernel seconds and trace events of C-run tasks into stats."""
+        ffi, lib = self.ffi, self.lib
+        calls, secs = ffi.new("int64_t *"), ffi.new("double *")
+        for name, nid in self._gemm_names.items():
+            for w, per in enumerate(stats.KERNELS):
+                lib.tnt_gemm_take_stats(w, nid, calls, secs)
+                if calls[0]:
+                    st = per.setdefault(name, [0, 0.0])
+                    st[0] += calls[0]
+                    st[1] += secs[0]
+        ids = {nid: name for name, nid in self._gemm_names.items()}
+        cap = 4096
+        bufs = (ffi.new("int64_t[]", cap), ffi.new("int[]", cap), ffi.new("int[]", cap),
+                ffi.new("double[]", cap), ffi.new("double[]", cap))
+        while (n := lib.tnt_gemm_take_events(*bufs, cap)) > 0:
+            trace = stats.TRACE
+            if trace is not None:
+                keys, workers, nids, t0, t1 = bufs
+                trace.extend((keys[i], ids[nids[i]], workers[i], t0[i], t1[i]) for i in range(n))
 
     def wait(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Wait for every submitted task; raise the first kernel error, naming its op.
@@ -243,6 +291,8 @@ class Runtime:
             self._drain.set()
             self._pauser.join()
             self.lib.tnt_wait_all()
+            self._collect_native()
+            stats.COLLECTORS.remove(self._collect_native)
             self.lib.tnt_shutdown()
             _TENSOR_CACHE.clear()
 
@@ -315,6 +365,29 @@ def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:
         _TENSOR_CACHE.clear()
     _TENSOR_CACHE[(addr, spec)] = t
     return t
+
+
+_GEMM_NAMES = 16  # TNT_NAMES in the shim
+
+
+def _find_blas() -> tuple[int, int, int]:
+    """Addresses of ``sgemm_``, ``dgemm_`` and MKL's ``MKL_Set_Num_Threads_Local`` (the C,
+    by-value entry; the lower-case name takes a pointer) in the
+    library torch runs its CPU matrix products with (0 where it does not export one)."""
+    import ctypes
+    import glob
+
+    out = [0, 0, 0]
+    libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for path in sorted(glob.glob(os.path.join(libdir, "libtorch_cpu*.so*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for i, sym in enumerate(("sgemm_", "dgemm_", "MKL_Set_Num_Threads_Local")):
+            if not out[i] and hasattr(lib, sym):
+                out[i] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value or 0
+    return out[0], out[1], out[2]
 
 
 def current() -> Runtime | None:
