@@ -23,11 +23,10 @@ void tnt_resume(void);
 tnt_handle tnt_register(uint32_t nelems, size_t elemsize);
 void tnt_unregister_submit(tnt_handle h);
 void tnt_invalidate_submit(tnt_handle h);
-int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, int prio, uint32_t where);
 int tnt_wait_all(void);
 void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip);
-int tnt_submit_gemm(tnt_handle *handles, int *modes, int ta, int tb, int m, int n, int k,
-                    double alpha, double beta, int dbl, int64_t key, int name, int trace, uint32_t where);
+int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
+                     int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *rc);
 int64_t tnt_gemm_done(void);
 void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
 int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0, double *t1, int64_t max);
@@ -89,13 +88,12 @@ tnt_handle tnt_register(uint32_t nelems, size_t elemsize)
 void tnt_unregister_submit(tnt_handle h) { starpu_data_unregister_submit((starpu_data_handle_t)h); }
 void tnt_invalidate_submit(tnt_handle h) { starpu_data_invalidate_submit((starpu_data_handle_t)h); }
 
-int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, int prio, uint32_t where)
+static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where)
 {
     struct starpu_task *task = starpu_task_create();
     task->cl = &tnt_cl;
     task->cl_arg = (void *)(intptr_t)key;
     task->nbuffers = n;
-    task->priority = prio;
     task->where = where;
     if (n > STARPU_NMAXBUFS) {
         task->dyn_handles = malloc(n * sizeof(starpu_data_handle_t));
@@ -204,8 +202,8 @@ void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local,
     tnt_gemm_cl.name = "nntile_gemm";
 }
 
-int tnt_submit_gemm(tnt_handle *handles, int *modes, int ta, int tb, int m, int n, int k,
-                    double alpha, double beta, int dbl, int64_t key, int name, int trace, uint32_t where)
+static int tnt_submit_gemm(tnt_handle *handles, int *modes, int ta, int tb, int m, int n, int k,
+                           double alpha, double beta, int dbl, int64_t key, int name, int trace, uint32_t where)
 {
     if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL))
         return -EINVAL;
@@ -226,6 +224,35 @@ int tnt_submit_gemm(tnt_handle *handles, int *modes, int ta, int tb, int m, int 
         STARPU_TASK_SET_MODE(task, (enum starpu_data_access_mode)modes[i], i);
     }
     return starpu_task_submit(task);
+}
+
+/* A whole batch in one call (Python does not hold the GIL meanwhile). Task i has key
+   key0 + i and nbufs[i] handles/modes, consecutive in handles/modes. Product tasks are
+   listed in gemm (8 ints each: task index, ta, tb, m, n, k, double?, name id; by task
+   index) with coef (alpha, beta); the others run the Python kernel of their key.
+   Returns how many tasks went in; *rc is StarPU's error for the next one. */
+int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
+                     int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *rc)
+{
+    int off = 0, g = 0;
+    for (int i = 0; i < n; i++) {
+        int r;
+        if (g < ngemm && gemm[8 * g] == i) {
+            const int *p = gemm + 8 * g;
+            r = tnt_submit_gemm(handles + off, modes + off, p[1], p[2], p[3], p[4], p[5],
+                                coef[2 * g], coef[2 * g + 1], p[6], key0 + i, p[7], trace, where);
+            g++;
+        } else {
+            r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where);
+        }
+        if (r != 0) {
+            *rc = r;
+            return i;
+        }
+        off += nbufs[i];
+    }
+    *rc = 0;
+    return n;
 }
 
 int64_t tnt_gemm_done(void) { return __atomic_load_n(&tnt_gemm_ndone, __ATOMIC_ACQUIRE); }

@@ -152,45 +152,51 @@ class Runtime:
         if self.skip_starpu:
             stats.COUNTS["tasks_skipped"] += len(tasks)
             return
-        # Workers stay paused while the batch goes in: a Python submit loop racing
-        # Python kernels for the GIL costs up to 100x more per task.
-        ffi, submit, where = self.ffi, self.lib.tnt_submit, self.where
+        # The batch goes to StarPU in one C call that does not hold the GIL, so the
+        # workers keep running (and Python kernels keep their turns) while it goes in.
         native = self.native_gemm and not _SKIP_KERNELS
-        gemm_submit, names, tracing = self.lib.tnt_submit_gemm, self._gemm_names, int(stats.TRACE is not None)
+        names, tracing = self._gemm_names, int(stats.TRACE is not None)
+        nbufs: list[int] = []
+        hs: list[Any] = []
+        ms: list[int] = []
+        gemm: list[int] = []
+        coef: list[float] = []
+        closures = {}
+        key0, n, last = self._next, len(tasks), len(tasks) - 1
+        for i, (fn, handles, modes, specs, name) in enumerate(tasks):
+            nbufs.append(len(handles))
+            hs += handles
+            ms += modes
+            if native and type(fn) is Gemm and (i != last or notify is None):
+                dt = specs[0][1]
+                nid = names.get(name)
+                if nid is None and len(names) < _GEMM_NAMES:
+                    nid = names[name] = len(names)
+                if nid is not None and (dt is torch.float32 or dt is torch.float64):
+                    (m, nn), xs = specs[0][2], specs[1][2]
+                    gemm += (i, fn.ta, fn.tb, m, nn, xs[0] if fn.ta else xs[1], dt is torch.float64, nid)
+                    coef += (fn.alpha, 1.0 if fn.accumulate else 0.0)
+                    continue
+            closures[key0 + i] = (fn, specs, name, notify if i == last else None)
+        self._next = key0 + n
+        _CLOSURES.update(closures)
+        ffi = self.ffi
+        rc = ffi.new("int *")
         with self._lock:
-            if not self.paused:
-                self.lib.tnt_pause()
-            self.paused = False
-            try:
-                last = len(tasks) - 1
-                for i, (fn, handles, modes, specs, name) in enumerate(tasks):
-                    key = self._next
-                    self._next = key + 1
-                    hs, ms = ffi.new("tnt_handle[]", handles), ffi.new("int[]", modes)
-                    if native and type(fn) is Gemm and (i != last or notify is None):
-                        dt = specs[0][1]
-                        nid = names.get(name)
-                        if nid is None and len(names) < _GEMM_NAMES:
-                            nid = names[name] = len(names)
-                        if nid is not None and (dt is torch.float32 or dt is torch.float64):
-                            (m, n), xs = specs[0][2], specs[1][2]
-                            rc = gemm_submit(hs, ms, fn.ta, fn.tb, m, n, xs[0] if fn.ta else xs[1], fn.alpha,
-                                             1.0 if fn.accumulate else 0.0, dt is torch.float64, key, nid,
-                                             tracing, where)
-                            if rc != 0:
-                                raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
-                            continue
-                    _CLOSURES[key] = (fn, specs, name, notify if i == last else None)
-                    rc = submit(key, len(handles), hs, ms, 0, where)
-                    if rc != 0:
-                        _CLOSURES.pop(key, None)
-                        raise RuntimeError(f"starpu_task_submit failed ({rc}) for {name}")
-                self.tasks_submitted += len(tasks)
-                stats.COUNTS["tasks_submitted"] += len(tasks)
-            finally:
+            done = self.lib.tnt_submit_batch(
+                n, key0, ffi.new("int[]", nbufs), ffi.new("tnt_handle[]", hs), ffi.new("int[]", ms),
+                len(gemm) // 8, ffi.new("int[]", gemm), ffi.new("double[]", coef), tracing, self.where, rc)
+            self.tasks_submitted += done
+            stats.COUNTS["tasks_submitted"] += done
+            if self.paused:
                 self.lib.tnt_resume()
-                self._epoch += 1
+                self.paused = False
+            self._epoch += 1
         self._drain.set()
+        if done < n:
+            for key in range(key0 + done, key0 + n):
+                _CLOSURES.pop(key, None)
+            raise RuntimeError(f"starpu_task_submit failed ({rc[0]}) for {tasks[done][4]}")
 
     def _pause_when_drained(self) -> None:
         while True:
