@@ -66,6 +66,7 @@ class Runtime:
         blas = _find_blas()
         self.lib.tnt_set_blas(*blas, int(_SKIP_KERNELS))
         self.native_gemm = bool(blas[0] and blas[2]) and not stats.env_flag("TORCH_NNTILE_PYTHON_KERNELS")
+        self._gemm_dtypes = (torch.float32, torch.float64) if blas[1] else (torch.float32,)
         self._gemm_names: dict[str, int] = {}  # task name -> small id the C side counts under
         stats.COLLECTORS.append(self._collect_native)
         # Handles whose tiles died are kept, with their memory, for new tiles of the same
@@ -155,7 +156,7 @@ class Runtime:
         # The batch goes to StarPU in one C call that does not hold the GIL, so the
         # workers keep running (and Python kernels keep their turns) while it goes in.
         native = self.native_gemm and not _SKIP_KERNELS
-        names, tracing = self._gemm_names, int(stats.TRACE is not None)
+        names, dtypes, tracing = self._gemm_names, self._gemm_dtypes, int(stats.TRACE is not None)
         nbufs: list[int] = []
         hs: list[Any] = []
         ms: list[int] = []
@@ -172,7 +173,7 @@ class Runtime:
                 nid = names.get(name)
                 if nid is None and len(names) < _GEMM_NAMES:
                     nid = names[name] = len(names)
-                if nid is not None and (dt is torch.float32 or dt is torch.float64):
+                if nid is not None and dt in dtypes:
                     (m, nn), xs = specs[0][2], specs[1][2]
                     gemm += (i, fn.ta, fn.tb, m, nn, xs[0] if fn.ta else xs[1], dt is torch.float64, nid)
                     coef += (fn.alpha, 1.0 if fn.accumulate else 0.0)
