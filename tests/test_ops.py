@@ -103,6 +103,39 @@ def test_matmul_both_kernel_paths(name, dtype, gemm_path):
     check_op(fn, [x.to(dtype) for x in inputs], MM_TILINGS[2], rtol=1e-5 if dtype == torch.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("rows, ktiles, packs, ta", [
+    ([16, 16, 16, 16], [256], 1, False),  # one B tile, shared by 4 row tiles
+    ([16, 16, 16, 16], [128, 128], 2, False),  # one per K tile
+    ([20, 20, 24], [256], 1, False),  # only the two rows of height 20 share a pack
+    ([16, 16, 16, 16], [128, 128], 2, True),  # A stored transposed
+])
+def test_shared_operand_packed_once(rows, ktiles, packs, ta, gemm_path):
+    """A large B tile that several row tiles multiply is packed once per compile (native
+    path); results match CPU PyTorch forward and backward either way."""
+    x, w = torch.randn(64, 256), torch.randn(512, 256)
+    if ta:
+        x = x.t().contiguous()  # stored K x M, used transposed
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a.t() if ta else a) @ b.t()
+
+    tiles = {(0, int(ta)): rows, (0, 1 - int(ta)): ktiles}
+    check_op(fn, [x, w], tiles)
+    xn, wn = x.to("nntile"), w.to("nntile")
+    for (_, d), t in tiles.items():
+        name = f"packed_{d}_{len(rows)}_{len(ktiles)}_{ta}"
+        torch_nntile.set_axis_group_name(xn, {d: name})
+        torch_nntile.set_axis_group_tiling(name, t)
+    torch_nntile.execute()
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    y = fn(xn, wn)
+    assert_close(y.cpu(), fn(x, w))
+    torch_nntile.wait()
+    products = len(rows) * len(ktiles)
+    assert torch_nntile.metrics()["kernels"]["mm"]["tasks"] == products + (packs if gemm_path else 0)
+
+
 VIEWS = {
     "view": lambda a: a.view(4, 30) * 2,
     "reshape": lambda a: a.reshape(120) + 1,

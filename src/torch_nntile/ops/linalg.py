@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import cache
 
 import torch
 
 from torch_nntile.graph.axes import union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import gemm
+from torch_nntile.kernels import gemm, pack_b
 from torch_nntile.ops.base import Op, input_index, record, reduce_into, split_chains
-from torch_nntile.tiling.tiles import Arg, Lowering, R
+from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
+
+PACK_MIN = 1 << 16  # elements of a B tile worth packing once for several products
 
 
 def _lower_mm(ctx: Lowering, node: OpNode) -> None:
@@ -19,11 +22,26 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
     bias = ctx.input(node.inputs[2]) if len(node.inputs) > 2 else None
     out = ctx.output(node.outputs[0])
     nk = a.grid[0] if ta else a.grid[1]
+    ksizes = a.tiling[0] if ta else a.tiling[1]
     nchains = split_chains(ctx, node, nk, out.grid[0] * out.grid[1])
+    # A B tile feeds every row of output tiles: pack it once per row-tile height that
+    # several rows share, instead of inside every product.
+    rows = Counter(out.tiling[0]) if bias is None and out.dtype == torch.float32 else Counter()
+    packs: dict[tuple[tuple[int, int], int], TileArray | None] = {}
     for i, j in out.indices():
+        m, n = out.tiling[0][i], out.tiling[1][j]
         parts = []
         for k in range(nk):
-            args = [Arg(a, (k, i) if ta else (i, k), R), Arg(b, (j, k) if tb else (k, j), R)]
+            bidx = (j, k) if tb else (k, j)
+            args = [Arg(a, (k, i) if ta else (i, k), R)]
+            packed = None
+            if rows[m] > 1 and n * ksizes[k] >= PACK_MIN:
+                packed = _packed_b(ctx, packs, b, bidx, tb, m, n, ksizes[k], alpha)
+            if packed is not None:
+                args.append(Arg(packed, (0,), R))
+                parts.append((gemm(ta, tb, alpha, False, True), gemm(ta, tb, alpha, True, True), args))
+                continue
+            args.append(Arg(b, bidx, R))
             if k == 0 and bias is not None:
                 args.append(Arg(bias, input_index(bias, (i, j), 2), R))
                 write = _mm_bias_kernel(ta, tb, alpha, beta)
@@ -31,6 +49,20 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
                 write = gemm(ta, tb, alpha, False)
             parts.append((write, gemm(ta, tb, alpha, True), args))
         reduce_into(ctx, out, (i, j), parts, "mm", nchains)
+
+
+def _packed_b(ctx: Lowering, packs: dict, b: TileArray, bidx: tuple[int, int], tb: bool,
+              m: int, n: int, k: int, alpha: float) -> TileArray | None:
+    """The tile of ``b`` at ``bidx`` packed (once per compile) for products with ``m``
+    rows; None where the runtime cannot pack."""
+    key = (bidx, m)
+    if key not in packs:
+        nbytes = ctx.rt.pack_size(m, n, k)
+        packs[key] = None
+        if nbytes:
+            p = packs[key] = ctx.temp(((nbytes + 3) // 4,), torch.float32)
+            ctx.task(pack_b(tb, m, n, k, alpha), [Arg(p, (0,), W), Arg(b, bidx, R)], "mm")
+    return packs[key]
 
 
 @cache

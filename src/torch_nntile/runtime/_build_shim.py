@@ -25,6 +25,8 @@ void tnt_unregister_submit(tnt_handle h);
 void tnt_invalidate_submit(tnt_handle h);
 int tnt_wait_all(void);
 void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip);
+void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute);
+size_t tnt_pack_size(int m, int n, int k);
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *rc);
 int64_t tnt_gemm_done(void);
@@ -119,11 +121,22 @@ typedef void (*tnt_dgemm_t)(const char *, const char *, const int *, const int *
                             const double *, const double *, const int *, const double *, const int *,
                             const double *, double *, const int *);
 typedef int (*tnt_threads_t)(int);
+/* MKL's packed products (cblas_sgemm_pack_get_size / _pack / _compute): a B operand
+   shared by several products is packed once instead of inside every call. */
+typedef size_t (*tnt_packsize_t)(int, int, int, int);
+typedef void (*tnt_pack_t)(int, int, int, int, int, int, float, const float *, int, float *);
+typedef void (*tnt_compute_t)(int, int, int, int, int, int, const float *, int, const float *, int,
+                              float, float *, int);
+enum { TNT_ROW_MAJOR = 101, TNT_NO_TRANS = 111, TNT_TRANS = 112, TNT_PACKED = 151, TNT_B_MATRIX = 162 };
+enum { TNT_GEMM = 0, TNT_GEMM_PACKED_B = 1, TNT_PACK_B = 2 };
 
 #define TNT_NAMES 16
 static tnt_sgemm_t tnt_sgemm;
 static tnt_dgemm_t tnt_dgemm;
 static tnt_threads_t tnt_blas_threads;
+static tnt_packsize_t tnt_spack_size;
+static tnt_pack_t tnt_spack;
+static tnt_compute_t tnt_scompute;
 static int tnt_skip_kernels;
 static struct starpu_codelet tnt_gemm_cl;
 static int64_t tnt_gemm_ndone;
@@ -134,7 +147,7 @@ struct tnt_event { int64_t key; int worker, name; double t0, t1; };
 static struct tnt_event *tnt_events;
 static int64_t tnt_nevents, tnt_evcap;
 
-struct tnt_gemm_args { int64_t key; int ta, tb, m, n, k, dbl, name, trace; double alpha, beta; };
+struct tnt_gemm_args { int64_t key; int kind, ta, tb, m, n, k, dbl, name, trace; double alpha, beta; };
 
 static double tnt_now(void)
 {
@@ -154,7 +167,18 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
         single_threaded = 1;
     }
     double t0 = tnt_now();
-    if (!tnt_skip_kernels && a->m > 0 && a->n > 0) {
+    if (tnt_skip_kernels || a->m <= 0 || a->n <= 0) {
+        /* nothing to compute */
+    } else if (a->kind == TNT_PACK_B) {  /* buffers: packed (W), B as stored (R) */
+        tnt_spack(TNT_ROW_MAJOR, TNT_B_MATRIX, a->tb ? TNT_TRANS : TNT_NO_TRANS, a->m, a->n, a->k,
+                  (float)a->alpha, (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                  a->tb ? a->k : a->n, (float *)STARPU_VECTOR_GET_PTR(buffers[0]));
+    } else if (a->kind == TNT_GEMM_PACKED_B) {  /* alpha was applied when packing */
+        tnt_scompute(TNT_ROW_MAJOR, a->ta ? TNT_TRANS : TNT_NO_TRANS, TNT_PACKED, a->m, a->n, a->k,
+                     (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), a->ta ? a->m : a->k,
+                     (const float *)STARPU_VECTOR_GET_PTR(buffers[2]), a->n, (float)a->beta,
+                     (float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->n);
+    } else {
         void *c = (void *)STARPU_VECTOR_GET_PTR(buffers[0]);
         void *x = (void *)STARPU_VECTOR_GET_PTR(buffers[1]);
         void *y = (void *)STARPU_VECTOR_GET_PTR(buffers[2]);
@@ -189,6 +213,21 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
     __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
 }
 
+void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute)
+{
+    tnt_spack_size = (tnt_packsize_t)pack_get_size;
+    tnt_spack = (tnt_pack_t)pack;
+    tnt_scompute = (tnt_compute_t)compute;
+}
+
+/* Bytes of B (k x n) packed for products with m rows; 0 when packing is unavailable. */
+size_t tnt_pack_size(int m, int n, int k)
+{
+    if (!tnt_spack_size || !tnt_spack || !tnt_scompute)
+        return 0;
+    return tnt_spack_size(TNT_B_MATRIX, m, n, k);
+}
+
 void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip)
 {
     tnt_sgemm = (tnt_sgemm_t)sgemm;
@@ -202,24 +241,26 @@ void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local,
     tnt_gemm_cl.name = "nntile_gemm";
 }
 
-static int tnt_submit_gemm(tnt_handle *handles, int *modes, int ta, int tb, int m, int n, int k,
-                           double alpha, double beta, int dbl, int64_t key, int name, int trace, uint32_t where)
+static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, double alpha,
+                           double beta, int64_t key, int trace, uint32_t where)
 {
-    if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL))
+    int kind = p[0], ta = p[1], tb = p[2], m = p[3], n = p[4], k = p[5], dbl = p[6], name = p[7];
+    if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL)
+        || (kind != TNT_GEMM && (dbl || tnt_pack_size(1, 1, 1) == 0)))
         return -EINVAL;
     struct tnt_gemm_args *a = malloc(sizeof(*a));
     if (a == NULL)
         return -ENOMEM;
-    struct tnt_gemm_args v = { key, ta, tb, m, n, k, dbl, name, trace, alpha, beta };
+    struct tnt_gemm_args v = { key, kind, ta, tb, m, n, k, dbl, name, trace, alpha, beta };
     *a = v;
     struct starpu_task *task = starpu_task_create();
     task->cl = &tnt_gemm_cl;
     task->cl_arg = a;
     task->cl_arg_size = sizeof(*a);
     task->cl_arg_free = 1;
-    task->nbuffers = 3;
+    task->nbuffers = nbuf;
     task->where = where;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < nbuf; i++) {
         STARPU_TASK_SET_HANDLE(task, (starpu_data_handle_t)handles[i], i);
         STARPU_TASK_SET_MODE(task, (enum starpu_data_access_mode)modes[i], i);
     }
@@ -228,8 +269,8 @@ static int tnt_submit_gemm(tnt_handle *handles, int *modes, int ta, int tb, int 
 
 /* A whole batch in one call (Python does not hold the GIL meanwhile). Task i has key
    key0 + i and nbufs[i] handles/modes, consecutive in handles/modes. Product tasks are
-   listed in gemm (8 ints each: task index, ta, tb, m, n, k, double?, name id; by task
-   index) with coef (alpha, beta); the others run the Python kernel of their key.
+   listed in gemm (9 ints each: task index, kind, ta, tb, m, n, k, double?, name id; by
+   task index) with coef (alpha, beta); the others run the Python kernel of their key.
    Returns how many tasks went in; *rc is StarPU's error for the next one. */
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *rc)
@@ -237,10 +278,9 @@ int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *
     int off = 0, g = 0;
     for (int i = 0; i < n; i++) {
         int r;
-        if (g < ngemm && gemm[8 * g] == i) {
-            const int *p = gemm + 8 * g;
-            r = tnt_submit_gemm(handles + off, modes + off, p[1], p[2], p[3], p[4], p[5],
-                                coef[2 * g], coef[2 * g + 1], p[6], key0 + i, p[7], trace, where);
+        if (g < ngemm && gemm[9 * g] == i) {
+            r = tnt_submit_gemm(nbufs[i], handles + off, modes + off, gemm + 9 * g + 1, coef[2 * g],
+                                coef[2 * g + 1], key0 + i, trace, where);
             g++;
         } else {
             r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where);

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from torch_nntile import stats
-from torch_nntile.kernels import Gemm
+from torch_nntile.kernels import Gemm, PackB
 
 R, W, RW = 1, 2, 3  # STARPU_R, STARPU_W, STARPU_RW
 WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
@@ -64,7 +64,8 @@ class Runtime:
         # that torch is linked with exports it and lets each worker keep it to one
         # thread; otherwise they run as torch calls.
         blas = _find_blas()
-        self.lib.tnt_set_blas(*blas, int(_SKIP_KERNELS))
+        self.lib.tnt_set_blas(*blas[:3], int(_SKIP_KERNELS))
+        self.lib.tnt_set_pack(*blas[3:])
         self.native_gemm = bool(blas[0] and blas[2]) and not stats.env_flag("TORCH_NNTILE_PYTHON_KERNELS")
         self._gemm_dtypes = (torch.float32, torch.float64) if blas[1] else (torch.float32,)
         self._gemm_names: dict[str, int] = {}  # task name -> small id the C side counts under
@@ -157,6 +158,7 @@ class Runtime:
         # workers keep running (and Python kernels keep their turns) while it goes in.
         native = self.native_gemm and not _SKIP_KERNELS
         names, dtypes, tracing = self._gemm_names, self._gemm_dtypes, int(stats.TRACE is not None)
+        f32 = torch.float32
         nbufs: list[int] = []
         hs: list[Any] = []
         ms: list[int] = []
@@ -168,14 +170,20 @@ class Runtime:
             nbufs.append(len(handles))
             hs += handles
             ms += modes
-            if native and type(fn) is Gemm and (i != last or notify is None):
+            kind = type(fn)
+            if native and (kind is Gemm or kind is PackB) and (i != last or notify is None):
                 dt = specs[0][1]
                 nid = names.get(name)
                 if nid is None and len(names) < _GEMM_NAMES:
                     nid = names[name] = len(names)
-                if nid is not None and dt in dtypes:
+                if nid is not None and kind is PackB:  # planned by the lowering only when natively run
+                    gemm += (i, 2, 0, fn.tb, fn.m, fn.n, fn.k, 0, nid)
+                    coef += (fn.alpha, 0.0)
+                    continue
+                if nid is not None and dt in dtypes and (dt is f32 or not fn.packed_b):
                     (m, nn), xs = specs[0][2], specs[1][2]
-                    gemm += (i, fn.ta, fn.tb, m, nn, xs[0] if fn.ta else xs[1], dt is torch.float64, nid)
+                    gemm += (i, int(fn.packed_b), fn.ta, fn.tb, m, nn, xs[0] if fn.ta else xs[1],
+                             dt is torch.float64, nid)
                     coef += (fn.alpha, 1.0 if fn.accumulate else 0.0)
                     continue
             closures[key0 + i] = (fn, specs, name, notify if i == last else None)
@@ -186,7 +194,7 @@ class Runtime:
         with self._lock:
             done = self.lib.tnt_submit_batch(
                 n, key0, ffi.new("int[]", nbufs), ffi.new("tnt_handle[]", hs), ffi.new("int[]", ms),
-                len(gemm) // 8, ffi.new("int[]", gemm), ffi.new("double[]", coef), tracing, self.where, rc)
+                len(gemm) // 9, ffi.new("int[]", gemm), ffi.new("double[]", coef), tracing, self.where, rc)
             self.tasks_submitted += done
             stats.COUNTS["tasks_submitted"] += done
             if self.paused:
@@ -219,6 +227,13 @@ class Runtime:
         if self.skip_starpu:
             return "TORCH_NNTILE_SKIP_STARPU"
         return "TORCH_NNTILE_SKIP_KERNELS" if _SKIP_KERNELS else None
+
+    def pack_size(self, m: int, n: int, k: int) -> int:
+        """Bytes of a float32 B operand (k x n) packed for products with ``m`` rows, or 0
+        when products do not run natively with a BLAS that packs."""
+        if not self.native_gemm or _SKIP_KERNELS:
+            return 0
+        return int(self.lib.tnt_pack_size(m, n, k))
 
     def tasks_done(self) -> int:
         return sum(stats.DONE) + self.lib.tnt_gemm_done()
@@ -377,24 +392,28 @@ def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:
 _GEMM_NAMES = 16  # TNT_NAMES in the shim
 
 
-def _find_blas() -> tuple[int, int, int]:
-    """Addresses of ``sgemm_``, ``dgemm_`` and MKL's ``MKL_Set_Num_Threads_Local`` (the C,
-    by-value entry; the lower-case name takes a pointer) in the
-    library torch runs its CPU matrix products with (0 where it does not export one)."""
+_BLAS_SYMBOLS = ("sgemm_", "dgemm_", "MKL_Set_Num_Threads_Local",
+                 "cblas_sgemm_pack_get_size", "cblas_sgemm_pack", "cblas_sgemm_compute")
+
+
+def _find_blas() -> tuple[int, ...]:
+    """Addresses of ``_BLAS_SYMBOLS`` in the library torch runs its CPU matrix products
+    with (0 where it does not export one). MKL's ``MKL_Set_Num_Threads_Local`` is the C,
+    by-value entry; the lower-case name takes a pointer."""
     import ctypes
     import glob
 
-    out = [0, 0, 0]
+    out = [0] * len(_BLAS_SYMBOLS)
     libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
     for path in sorted(glob.glob(os.path.join(libdir, "libtorch_cpu*.so*"))):
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for i, sym in enumerate(("sgemm_", "dgemm_", "MKL_Set_Num_Threads_Local")):
+        for i, sym in enumerate(_BLAS_SYMBOLS):
             if not out[i] and hasattr(lib, sym):
                 out[i] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value or 0
-    return out[0], out[1], out[2]
+    return tuple(out)
 
 
 def current() -> Runtime | None:

@@ -84,6 +84,7 @@ class PlanHandles:
 
     def __init__(self, rt: Runtime) -> None:
         self.ncpu = rt.ncpu
+        self.pack_size = rt.pack_size
         self._tokens = itertools.count()
 
     def register(self, nelems: int, elemsize: int) -> int:
