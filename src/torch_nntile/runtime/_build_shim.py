@@ -31,6 +31,7 @@ int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *
                      int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *rc);
 int64_t tnt_gemm_done(void);
 void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
+int64_t tnt_gemm_event_count(void);
 int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0, double *t1, int64_t max);
 """
 
@@ -246,7 +247,7 @@ static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int 
 {
     int kind = p[0], ta = p[1], tb = p[2], m = p[3], n = p[4], k = p[5], dbl = p[6], name = p[7];
     if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL)
-        || (kind != TNT_GEMM && (dbl || tnt_pack_size(1, 1, 1) == 0)))
+        || (kind != TNT_GEMM && (dbl || !tnt_spack || !tnt_scompute)))
         return -EINVAL;
     struct tnt_gemm_args *a = malloc(sizeof(*a));
     if (a == NULL)
@@ -303,6 +304,15 @@ void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds)
     *seconds = 1e-9 * (double)__atomic_exchange_n(&tnt_gemm_ns[worker][name], 0, __ATOMIC_RELAXED);
 }
 
+int64_t tnt_gemm_event_count(void)
+{
+    STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);
+    int64_t n = tnt_nevents;
+    STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
+    return n;
+}
+
+/* Moves the oldest (at most max) trace events out; events recorded meanwhile stay. */
 int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0, double *t1, int64_t max)
 {
     STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);

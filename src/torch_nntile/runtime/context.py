@@ -249,14 +249,15 @@ class Runtime:
                     st = per.setdefault(name, [0, 0.0])
                     st[0] += calls[0]
                     st[1] += secs[0]
-        ids = {nid: name for name, nid in self._gemm_names.items()}
-        cap = 4096
-        bufs = (ffi.new("int64_t[]", cap), ffi.new("int[]", cap), ffi.new("int[]", cap),
-                ffi.new("double[]", cap), ffi.new("double[]", cap))
-        while (n := lib.tnt_gemm_take_events(*bufs, cap)) > 0:
+        cap = lib.tnt_gemm_event_count()  # recorded only for tasks submitted while tracing
+        if cap:
+            keys, workers, nids, t0, t1 = bufs = (ffi.new("int64_t[]", cap), ffi.new("int[]", cap),
+                                                  ffi.new("int[]", cap), ffi.new("double[]", cap),
+                                                  ffi.new("double[]", cap))
+            n = lib.tnt_gemm_take_events(*bufs, cap)
             trace = stats.TRACE
             if trace is not None:
-                keys, workers, nids, t0, t1 = bufs
+                ids = {nid: name for name, nid in self._gemm_names.items()}
                 trace.extend((keys[i], ids[nids[i]], workers[i], t0[i], t1[i]) for i in range(n))
 
     def wait(self, progress: Callable[[int, int], None] | None = None) -> None:
