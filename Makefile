@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export STARPU_HOME ?= $(CURDIR)/.starpu
 export STARPU_SILENT ?= 1
 
-.PHONY: setup demo test test-all bench lint clean
+.PHONY: setup demo test test-all test-stress bench lint clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py
 	@pkg-config --exists starpu-1.3 || pkg-config --exists starpu-1.4 || \
@@ -16,7 +16,7 @@ $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q setuptools wheel cffi numpy pytest ruff pydot
+	$(VPY) -m pip install -q setuptools wheel cffi numpy pytest ruff pydot expecttest==0.3.0 transformers==5.24.0
 	$(VPY) -m pip install -q --no-build-isolation -e .
 	touch $@
 
@@ -31,11 +31,16 @@ test: setup
 test-all: setup
 	$(VPY) -m pytest -q -m ""
 
+# The default suite 10 times, each beside a second copy of it (busy cores expose
+# tests that depend on how far asynchronous work has got). Nonzero unless 10/10.
+test-stress: setup
+	$(VPY) scripts/stress.py --rounds 10
+
 bench: setup
 	$(VPY) benchmarks/mlp_step.py
 
 lint: setup
-	$(VPY) -m ruff check src tests benchmarks examples
+	$(VPY) -m ruff check src tests benchmarks examples scripts
 
 clean:
 	rm -rf $(VENV) build .starpu src/*.egg-info src/torch_nntile/runtime/_shim*

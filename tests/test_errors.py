@@ -33,26 +33,6 @@ def test_bad_dim_in_name():
         torch_nntile.set_axis_group_name(x, {2: "z"})
 
 
-def test_untileable_dim_rejected_at_set():
-    x = torch.randn(8, 6).to("nntile")
-    torch_nntile.set_axis_group_name(x, {1: "classes_a"})
-    y = F.log_softmax(x, dim=1)
-    with pytest.raises(ValueError, match="'classes_a' cannot be tiled: aten._log_softmax"):
-        torch_nntile.set_axis_group_tiling("classes_a", 3)
-    assert_close(y.cpu(), F.log_softmax(x.cpu(), dim=1))
-
-
-def test_untileable_dim_rejected_at_compile():
-    x = torch.randn(8, 6).to("nntile")
-    torch_nntile.set_axis_group_name(x, {1: "classes_b"})
-    torch_nntile.set_axis_group_tiling("classes_b", 3)
-    y = F.log_softmax(x, dim=1)
-    with pytest.raises(ValueError, match="'classes_b'.*cannot be tiled: aten._log_softmax"):
-        y.cpu()
-    torch_nntile.set_axis_group_tiling("classes_b", None)
-    assert_close(y.cpu(), F.log_softmax(x.cpu(), dim=1))  # nothing was lost
-
-
 def test_merged_named_groups_keep_both_names():
     """An op merging two named groups: either name tiles the result; two different
     tilings are an error naming both groups, and nothing pending is lost."""
@@ -69,17 +49,6 @@ def test_merged_named_groups_keep_both_names():
         y.cpu()
     torch_nntile.set_axis_group_tiling("rows_m1", 3)  # the same tiling under both names is fine
     assert_close(y.cpu(), (a.cpu() + b.cpu()) * 2)
-
-
-def test_reshape_of_tiled_dim_rejected():
-    x = torch.randn(8, 6).to("nntile")
-    torch_nntile.set_axis_group_name(x, {0: "rows_r"})
-    torch_nntile.set_axis_group_tiling("rows_r", 4)
-    y = x.reshape(48) * 2
-    with pytest.raises(ValueError, match="'rows_r'.*aten.view"):
-        y.cpu()
-    torch_nntile.set_axis_group_tiling("rows_r", None)
-    assert_close(y.cpu(), x.cpu().reshape(48) * 2)
 
 
 def test_unsupported_op_names_aten_op():

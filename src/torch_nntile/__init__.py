@@ -31,7 +31,7 @@ from torch_nntile.report import (
     stop_trace,
     trace,
 )
-from torch_nntile.runtime.context import WHERE_ANY, WHERE_CPU, KernelError
+from torch_nntile.runtime.context import WHERE_ANY, WHERE_CPU, KernelError, TileMemoryError
 from torch_nntile.session import SESSION_STATE as _S
 from torch_nntile.session import Progress
 
@@ -40,7 +40,7 @@ __all__ = [
     "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
     "pending_op_names", "print_axis_groups", "print_info", "reset_info", "restore_where", "restrict_cpu",
     "restrict_cuda", "run", "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
-    "start_trace", "stop_trace", "trace", "wait",
+    "start_trace", "stop_trace", "TileMemoryError", "trace", "wait",
 ]
 
 # Parameters are swapped, not re-wrapped, by Module.to(): tied weights stay tied.
@@ -54,7 +54,8 @@ def init_context(ncpu: int = 2, ncuda: int = 0, cpu_fallback: bool = False, sche
 
 
 def shutdown_context() -> None:
-    """Wait for all work, then stop StarPU; nntile tensors are unusable afterwards."""
+    """Wait for all work, then stop StarPU and free all tile memory; nntile tensors made
+    so far are unusable afterwards. ``init_context`` (any configuration) starts a new one."""
     _S.shutdown()
 
 
@@ -70,7 +71,9 @@ def run(progress: Progress = None) -> None:
 
 
 def wait(progress: Progress = None) -> None:
-    """Wait for submitted tasks; re-raises a kernel's exception naming its op."""
+    """Wait for submitted tasks; raise a failure no read-back has raised yet (a kernel's
+    exception as ``KernelError`` naming its op, or ``TileMemoryError``). Ctrl-C interrupts
+    the wait (the tasks go on)."""
     _S.wait(progress)
 
 
@@ -122,7 +125,7 @@ def restore_where() -> None:
 def empty_cache() -> None:
     """Free the tile memory kept for reuse: dead tiles' buffers, held (like PyTorch's
     CUDA caching allocator) for new tiles of the same size in the next steps."""
-    _S.runtime().empty_cache()
+    _S.empty_cache()
 
 
 def fallback_counts() -> dict[str, int]:

@@ -51,8 +51,9 @@ def info() -> dict[str, Any]:
     ``phases["compile"]`` includes its sub-phases ``compile.axis_groups`` and
     ``compile.lowering``. ``tiles_registered`` counts tiles that needed a new StarPU
     handle (and memory) rather than a spare left by dead tiles of the same size;
-    ``tiles_spare`` is how many such spares are kept now. ``dry_run`` names the
-    active dry-run switch, if any.
+    ``tiles_spare`` is how many such spares are kept now. ``ops_pruned`` counts
+    recorded ops whose results nothing could read by compile time (not lowered).
+    ``dry_run`` names the active dry-run switch, if any.
     """
     phases = {p: {"calls": stats.PHASE_CALLS[p], "seconds": stats.PHASE_TIME[p]} for p in stats.PHASES}
     phases["compile"]["seconds"] += phases["compile.axis_groups"]["seconds"] + phases["compile.lowering"]["seconds"]
@@ -61,6 +62,7 @@ def info() -> dict[str, Any]:
         "phases": phases,
         "tasks_submitted": c["tasks_submitted"],
         "tasks_skipped": c["tasks_skipped"],
+        "ops_pruned": c["ops_pruned"],
         "tiles_live": c["tiles_live"],
         "tiles_peak": stats.TILES_PEAK[0],
         "tiles_registered": c["tiles_registered"],
@@ -88,7 +90,8 @@ def format_info() -> str:
         per = f"{1e3 * sec / n:9.3f}" if n else f"{'-':>9}"
         lines.append(f"{_PHASE_LABELS[p]:<34} {n:>8} {sec:>10.4f} {per}")
     skipped = f" ({d['tasks_skipped']} not submitted: dry run)" if d["tasks_skipped"] else ""
-    lines.append(f"tasks submitted: {d['tasks_submitted']}{skipped}")
+    pruned = f"; ops dropped as dead before lowering: {d['ops_pruned']}" if d["ops_pruned"] else ""
+    lines.append(f"tasks submitted: {d['tasks_submitted']}{skipped}{pruned}")
     lines.append(f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}; new StarPU handles: "
                  f"{d['tiles_registered']}, spare handles kept for reuse: {d['tiles_spare']}")
     lines.append(f"bytes in: {_mb(d['bytes_in'])}, out: {_mb(d['bytes_out'])}")
@@ -109,7 +112,8 @@ def reset_info() -> None:
 
 def metrics() -> dict[str, Any]:
     """Recorded calls per ATen op, CPU fallbacks (count, first user source line),
-    and per tile kernel the task count and total kernel seconds (all workers)."""
+    per tile kernel the task count and total kernel seconds (all workers), and per
+    op how many values were copied into another tiling because it could not use theirs."""
     stats.collect()
     kernels: dict[str, dict[str, float]] = {}
     for per_worker in stats.KERNELS:
@@ -122,6 +126,7 @@ def metrics() -> dict[str, Any]:
         "fallbacks": {op: {"count": n, "first_source": stats.FALLBACK_SOURCE.get(op, "<unknown>")}
                       for op, n in stats.FALLBACK_CALLS.items()},
         "kernels": kernels,
+        "retiles": dict(stats.RETILES),
         "dry_run": _dry_run(),
     }
 
@@ -137,6 +142,11 @@ def metrics_report() -> str:
         lines.append(f"{'ran on the CPU fallback':<44} {'calls':>8}  first called from")
         for op, v in sorted(m["fallbacks"].items()):
             lines.append(f"{op:<44} {v['count']:>8}  {v['first_source']}")
+    if m["retiles"]:
+        lines.append("")
+        lines.append(f"{'values re-tiled for an op':<44} {'times':>8}")
+        for op, n in sorted(m["retiles"].items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"{op:<44} {n:>8}")
     lines.append("")
     total = sum(k["seconds"] for k in m["kernels"].values()) or 1.0
     lines.append(f"{'tile kernel':<28} {'tasks':>8} {'total s':>10} {'us/task':>9} {'share':>6}")
@@ -198,7 +208,7 @@ def _tile_level() -> str:
             ops = SESSION.snapshot()
             ctx.plan(ops)
             for op in ops:
-                op.opdef.lower(ctx, op)
+                ctx.lower(op)
             _name_tiles(ctx, names)
             return tile_dot(tasks + ctx.tasks, names)
         finally:

@@ -1,4 +1,9 @@
-"""The session: one runtime, one graph, and the compile / run / wait / readout cycle."""
+"""The session: one runtime, one graph, and the compile / run / wait / readout cycle.
+
+A context can be shut down and started again with another configuration; tensors of
+the old context are then dead (``generation`` tells them apart). At process exit the
+work still in flight is dropped: nothing can read it any more.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ class Session:
         self.lock = threading.RLock()
         self.config: tuple[Any, ...] | None = None
         self.progress: Callable[[int, int], None] | None = None  # set by run(progress=...), used by the next wait
+        self.generation = 0  # shutdowns so far: a tensor made in an earlier generation has no value any more
         self._dumps = itertools.count()
 
     def init(self, ncpu: int, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
@@ -41,7 +47,8 @@ class Session:
             if config != self.config:
                 raise RuntimeError(
                     f"torch_nntile context already initialized with ncpu={self.config[0]}, "
-                    f"scheduler={self.config[1]!r}; call shutdown_context() first"
+                    f"scheduler={self.config[1]!r}; call shutdown_context() first to start one with "
+                    f"ncpu={ncpu}, scheduler={scheduler!r}"
                 )
             self.cpu_fallback = cpu_fallback
             return
@@ -71,13 +78,13 @@ class Session:
                 ctx = lower_pending(SESSION, lambda: Lowering(rt))
             finally:
                 stats.leave("compile", t0)
-            rt.recycle()
             if self.compiled is not None:
                 self.compiled.tasks.extend(ctx.tasks)
                 self.compiled.keep.extend(ctx.keep)
                 self.compiled.labels.update(ctx.labels)
             else:
                 self.compiled = ctx
+            rt.recycle()
 
     def _dump(self, folder: str) -> None:
         """TORCH_NNTILE_DUMP_GRAPH=folder: the tensor graph of every compile as DOT."""
@@ -97,12 +104,19 @@ class Session:
         with self.lock:
             if progress is not None:
                 self.progress = _hook(progress)
-            if self.compiled is None:
+            ctx = self.compiled
+            if ctx is None:
                 return
-            ctx, self.compiled = self.compiled, None
+            rt = self.runtime()
             t0 = stats.enter()
             try:
-                self.runtime().submit(ctx.tasks)
+                rt.sent = 0
+                self.compiled = None
+                rt.submit(ctx.tasks)
+            except BaseException:
+                if rt.sent == 0:  # nothing reached StarPU (e.g. Ctrl-C): the next run() submits it
+                    self.compiled = ctx
+                raise
             finally:
                 stats.leave("run", t0)
 
@@ -130,13 +144,30 @@ class Session:
                 self.wait()  # run(progress=...) reports through the wait of its value
             return readout(self.runtime(), node)
 
-    def shutdown(self) -> None:
+    def empty_cache(self) -> None:
+        with self.lock:
+            self.runtime().empty_cache()
+
+    def shutdown(self, abandon: bool = False) -> None:
+        """Stop the runtime after its tasks (``abandon``: skip those not started yet)."""
         with self.lock:
             SESSION.take()
             self.compiled = None
             if self.rt is not None and self.rt.alive:
-                self.rt.shutdown()
+                self.generation += 1
                 self.shut_down = True
+                self.rt.shutdown(abandon)
+
+    def at_exit(self) -> None:
+        """Process exit: tasks that have not started are dropped (no one can read their
+        values); failures no one read back are named on stderr."""
+        try:
+            rt = self.rt
+            if rt is not None and rt.alive:
+                rt.abandon()  # first, without the lock: a thread still reading back then finishes at once
+            self.shutdown(abandon=True)
+        except Exception as exc:  # noqa: BLE001 - exiting: report, do not raise
+            sys.stderr.write(f"torch_nntile: at exit: {exc}\n")
 
 
 def _hook(progress: Progress) -> Callable[[int, int], None] | None:
@@ -155,4 +186,4 @@ def progress_bar(done: int, total: int) -> None:
 
 
 SESSION_STATE = Session()
-atexit.register(SESSION_STATE.shutdown)
+atexit.register(SESSION_STATE.at_exit)

@@ -33,6 +33,7 @@ _ident = threading.get_ident
 OP_CALLS: Counter[str] = Counter()  # ATen overload -> recorded calls
 FALLBACK_CALLS: Counter[str] = Counter()  # ATen op -> calls run on the CPU fallback
 FALLBACK_SOURCE: dict[str, str] = {}  # ATen op -> first user source line that triggered it
+RETILES: Counter[str] = Counter()  # op -> values copied into another tiling for (or after) it
 
 COUNTS: Counter[str] = Counter()  # tasks_submitted, tasks_skipped, bytes_in, bytes_out, tiles_live
 TILES_PEAK = [0]
@@ -72,11 +73,15 @@ def leave(name: str, t0: float) -> None:
         TRACE_HOST.append((name, t0, t1))
 
 
+_TILES_LOCK = threading.RLock()  # tiles die on any thread (StarPU workers drop kernel closures)
+
+
 def tiles_added(n: int) -> None:
-    live = COUNTS["tiles_live"] + n
-    COUNTS["tiles_live"] = live
-    if live > TILES_PEAK[0]:
-        TILES_PEAK[0] = live
+    with _TILES_LOCK:  # a read-modify-write: unguarded, two threads lose one's update
+        live = COUNTS["tiles_live"] + n
+        COUNTS["tiles_live"] = live
+        if live > TILES_PEAK[0]:
+            TILES_PEAK[0] = live
 
 
 def ensure_workers(n: int) -> None:
@@ -128,6 +133,7 @@ def reset() -> None:
     OP_CALLS.clear()
     FALLBACK_CALLS.clear()
     FALLBACK_SOURCE.clear()
+    RETILES.clear()
     live = COUNTS["tiles_live"]
     COUNTS.clear()
     COUNTS["tiles_live"] = live

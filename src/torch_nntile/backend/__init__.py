@@ -1,3 +1,14 @@
 """PyTorch integration: the nntile device, the ATen table and the CPU fallback."""
 
-from torch_nntile.backend import aten, device, fallback  # noqa: F401  (registers the device and kernels)
+# Registers the device, then the ATen table (machinery in aten.py, entries in table_*.py;
+# the foreach ops last, over the per-tensor ops registered before them).
+from torch_nntile.backend import (  # noqa: F401  # noqa: F401
+    aten,
+    device,
+    fallback,
+    sparse,
+    table_data,
+    table_elementwise,
+    table_foreach,  # noqa: F401, I001
+    table_linalg,
+)

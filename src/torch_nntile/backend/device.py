@@ -10,14 +10,16 @@ for); a view reads and writes through its geometry over that base.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
+from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode
 from torch_nntile.ops.base import map_op
-from torch_nntile.ops.data import ingress
-from torch_nntile.ops.views import expand, read_view, write_view
+from torch_nntile.ops.data import fill, ingress
+from torch_nntile.ops.views import expand, read_view, reshape, write_view
 from torch_nntile.session import SESSION_STATE
 
 DEVICE = "nntile"
@@ -63,34 +65,52 @@ def _register() -> None:
 
 _register()
 _create = torch._C._acc.create_empty_tensor
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_SET = torch.ops.aten.set_.source_Storage_storage_offset
+_SET_STORAGE = _SET._handle.redispatch_boxed
 _fake_ptr = itertools.count(1 << 44, 1 << 20)
 
 
 class Buf:
-    """The payload of one storage: the current node of its base tensor."""
+    """The payload of one storage: the current node of its base tensor, and the
+    context generation it belongs to (its value dies with that context)."""
 
-    __slots__ = ("node", "views", "fake_ptr")
+    __slots__ = ("node", "views", "fake_ptr", "generation")
 
     def __init__(self, node: DataNode) -> None:
         self.node = node
         self.views: dict[tuple, DataNode] = {}
         self.fake_ptr = next(_fake_ptr)
+        self.generation = SESSION_STATE.generation
 
 
 def new_tensor(node: DataNode) -> torch.Tensor:
-    """A fresh nntile tensor whose value is ``node``."""
-    t = _create(list(node.shape), node.dtype)
-    t.untyped_storage()._nnt = Buf(node)
+    """A fresh nntile tensor whose value is ``node``.
+
+    Its storage holds no bytes (values live in tiles) but reports the size a CPU
+    tensor's would: PyTorch's C++ code sizes copies and checks in-place geometry
+    changes by it (``clone_preserve_strides``, ``as_strided_``)."""
+    shape = node.shape
+    t = _create(list(shape), node.dtype)
+    st = t.untyped_storage()
+    st._nnt = Buf(node)
+    _SET_STORAGE(_META, t, st, 0, shape, contiguous_strides(shape))  # Meta's set_ sizes the storage
     return t
 
 
 def _buf(t: torch.Tensor) -> Buf:
     try:
-        return t.untyped_storage()._nnt
+        buf = t.untyped_storage()._nnt
     except AttributeError:
         raise RuntimeError(
             f"torch_nntile: tensor on {t.device} has no nntile payload (was it made outside torch_nntile?)"
         ) from None
+    if buf.generation != SESSION_STATE.generation:
+        raise RuntimeError(
+            "torch_nntile: this nntile tensor was made before shutdown_context(); its value went with that "
+            "context (move a CPU copy to nntile again)"
+        )
+    return buf
 
 
 def is_nntile(t: object) -> bool:
@@ -107,6 +127,8 @@ def read(t: torch.Tensor) -> DataNode:
         )
     buf = _buf(t)
     node = buf.node
+    if t.is_conj() or t.is_neg():  # lazy conjugate / negative views: the bits apply on read
+        return _resolve_bits(t, node)
     if t.shape == node.shape and t.is_contiguous():
         return node
     key = (tuple(t.shape), t.stride(), t.storage_offset())
@@ -116,10 +138,28 @@ def read(t: torch.Tensor) -> DataNode:
     return v
 
 
+def _resolve_bits(t: torch.Tensor, base: DataNode) -> DataNode:
+    key = (tuple(t.shape), t.stride(), t.storage_offset())
+    v = base if key[0] == base.shape and t.is_contiguous() else read_view(base, *key)
+    if t.is_conj():
+        v = map_op("_conj_physical", _conj_kernel, [v], v.dtype)
+    if t.is_neg():
+        v = map_op("neg", _neg_kernel, [v], v.dtype)
+    return v
+
+
+def _conj_kernel(o: torch.Tensor, a: torch.Tensor) -> None:
+    torch.conj_physical(a, out=o)
+
+
+def _neg_kernel(o: torch.Tensor, a: torch.Tensor) -> None:
+    torch.neg(a, out=o)
+
+
 def read_transposable(t: torch.Tensor) -> tuple[DataNode, bool]:
     """For matmul operands: a 2-D tensor that is the transpose of its base is read
     as (base, True) so the kernel transposes the tile view instead of copying."""
-    if t.device.type == DEVICE and t.dim() == 2:
+    if t.device.type == DEVICE and t.dim() == 2 and not (t.is_conj() or t.is_neg()):
         base = _buf(t).node
         st = t.stride()
         if (len(base.shape) == 2 and t.storage_offset() == 0 and base.shape == (t.shape[1], t.shape[0])
@@ -136,6 +176,7 @@ def write(t: torch.Tensor, value: DataNode) -> None:
     if value.dtype != t.dtype:
         value = cast(value, t.dtype)
     if value.shape != shape:
+        _check_writable(value.shape, shape)
         value = expand(value, shape)
     buf = _buf(t)
     if shape == buf.node.shape and t.is_contiguous():
@@ -143,8 +184,74 @@ def write(t: torch.Tensor, value: DataNode) -> None:
         buf.views = {}
         return
     key = (shape, t.stride(), t.storage_offset())
+    if any(st == 0 and sz > 1 for sz, st in zip(shape, key[1])):
+        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single "
+                           "memory location. Please clone() the tensor before performing the operation.")
     buf.node = write_view(buf.node, value, *key)
     buf.views = {key: value}
+
+
+def _check_writable(value: tuple[int, ...], shape: tuple[int, ...]) -> None:
+    """A value written into a tensor must broadcast to its shape; else PyTorch's error:
+    the in-place op's (the result outgrew the tensor) or copy_'s (no common shape)."""
+    if len(value) <= len(shape) and all(v == s or v == 1 for v, s in zip(reversed(value), reversed(shape))):
+        return
+    both = torch._C._infer_size(torch.Size(shape), torch.Size(value))  # raises PyTorch's "The size of tensor a ..." if none
+    raise RuntimeError(f"output with shape {list(shape)} doesn't match the broadcast shape {list(both)}")
+
+
+def reserve(t: torch.Tensor, nelems: int) -> None:
+    """Let ``t``'s storage report room for ``nelems`` items. Storages hold no bytes
+    (values live in tiles), but PyTorch's in-place metadata ops (``as_strided_``,
+    ``squeeze_``, ``resize_``) check the new geometry against the storage size."""
+    st = t.untyped_storage()
+    if st.nbytes() < nelems * t.element_size():
+        size, stride, offset = list(t.shape), list(t.stride()), t.storage_offset()
+        _SET_STORAGE(_META, t, st, 0, [nelems], [1])  # Meta's set_ grows the storage size
+        _SET_STORAGE(_META, t, st, offset, size, stride)
+
+
+def resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    """``t.resize_(shape)``: contiguous ``shape`` at ``t``'s storage offset; items kept
+    in storage order, new ones zero (PyTorch leaves them uninitialized)."""
+    if tuple(t.shape) == shape and t.is_contiguous():
+        return
+    buf = _buf(t)
+    base = buf.node
+    offset = t.storage_offset()
+    n = math.prod(shape)
+    stride = contiguous_strides(shape)
+    if offset + n > base.numel:  # the storage grows: a new, longer base value
+        grown = fill((offset + n,), base.dtype, 0)
+        if base.numel:
+            grown = write_view(grown, reshape(base, (base.numel,)), (base.numel,), (1,), 0)
+        buf.node, buf.views = grown, {}
+    reserve(t, offset + n)
+    _SET_STORAGE(_META, t, t.untyped_storage(), offset, list(shape), list(stride))
+    if offset == 0 and n == buf.node.numel and buf.node.shape != shape:
+        buf.node, buf.views = reshape(buf.node, shape), {}  # t is the whole storage: make it the base
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def resize_output(t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    """Fit an ``out=`` tensor to its result's shape the way PyTorch does: silently
+    when it is empty, with PyTorch's deprecation warning otherwise."""
+    if tuple(t.shape) == shape:
+        return
+    if t.numel():
+        stats.warn_user(
+            f"An output with one or more elements was resized since it had shape {list(t.shape)}, which does not "
+            f"match the required output shape {list(shape)}. This behavior is deprecated, and in a future PyTorch "
+            "release outputs will not be resized unless they have zero elements. You can explicitly reuse an out "
+            "tensor t by resizing it, inplace, to zero elements with t.resize_(0).", UserWarning)
+    resize(t, shape)
 
 
 def _copy_kernel(o: torch.Tensor, a: torch.Tensor) -> None:

@@ -2,7 +2,8 @@
 
 With ``cpu_fallback=True`` the op runs on the CPU: inputs are gathered (which
 flushes the graph), outputs and mutated arguments are moved back, and the call
-is counted per op name. Otherwise a ``RuntimeError`` names the op.
+is counted per op name. Otherwise a ``NotImplementedError`` (a ``RuntimeError``, as
+PyTorch raises for an op a backend lacks) names the op.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 from torch_nntile import stats
-from torch_nntile.backend.device import DEVICE, from_cpu, ingress, to_cpu, write
+from torch_nntile.backend.device import DEVICE, from_cpu, ingress, resize, to_cpu, write
+from torch_nntile.backend.sparse import route_to, sparse_to_cpu, write_sparse
 from torch_nntile.session import SESSION_STATE
 
 _LIB = torch.library.Library("_", "IMPL")
@@ -26,12 +28,17 @@ def op_name(op: Any) -> str:
 
 
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    return run_fallback(op, args, kwargs)
+
+
+def run_fallback(op: Any, args: tuple, kwargs: dict, case: str | None = None) -> Any:
+    """Run ``op`` on the CPU, or raise naming it (and the ``case`` nntile lacks)."""
     name = op_name(op)
     if SESSION_STATE.shut_down:
         raise RuntimeError("torch_nntile: the context has been shut down; nntile tensors can no longer be used")
     if not SESSION_STATE.cpu_fallback:
-        raise RuntimeError(
-            f"torch_nntile: {name} is not supported on the nntile device "
+        raise NotImplementedError(
+            f"torch_nntile: {name} is not supported on the nntile device{f' ({case})' if case else ''} "
             "(init_context(cpu_fallback=True) runs unsupported ops on the CPU)"
         )
     base = name.split(".")[0]
@@ -50,25 +57,53 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         stats.leave("fallback", t0)
 
 
+def _conv_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride: Any,
+                   padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
+                   output_mask: Any) -> Any:
+    channels = weight.shape[1] * groups if transposed else weight.shape[0]
+    return torch.ops.aten.convolution_backward(grad_output, input, weight, [channels], stride, padding, dilation,
+                                               transposed, output_padding, groups, output_mask)
+
+
+# The hooks PyTorch calls for a backend's own convolutions have no CPU kernel: the
+# CPU runs the generic ops they stand for.
+_CPU_FORM: dict[str, Any] = {
+    "aten::convolution_overrideable": torch.ops.aten.convolution.default,
+    "aten::convolution_backward_overrideable": _conv_backward,
+}
+
+
 def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
     """Gather the inputs, run ``op`` on the CPU, move results and mutations back."""
     originals: dict[int, torch.Tensor] = {}
 
     def to_host(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.device.type == DEVICE:
-            cpu = to_cpu(x)
+            cpu = to_cpu(x) if x.layout == torch.strided else sparse_to_cpu(x)
+            if x.requires_grad:  # some kernels keep what a backward needs only then
+                cpu.requires_grad_()
             originals[id(cpu)] = x
             return cpu
         return x
 
-    cpu_args, cpu_kwargs = tree_map(to_host, (args, kwargs))
-    result = op(*cpu_args, **cpu_kwargs)
+    _check_lists(op, args)
+    cpu_args, cpu_kwargs = _wrap_numbers(op, *tree_map(to_host, (args, kwargs)))
+    if isinstance(cpu_kwargs.get("device"), torch.device) and cpu_kwargs["device"].type == DEVICE:
+        cpu_kwargs["device"] = torch.device("cpu")  # a factory: made on the CPU, then moved in
+    result = _CPU_FORM.get(op_name(op), op)(*cpu_args, **cpu_kwargs)
     flat = list(cpu_args) + list(cpu_kwargs.values())
     for arg, value in zip(op._schema.arguments, flat if not cpu_kwargs else _by_schema(op, cpu_args, cpu_kwargs)):
-        if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
-            orig = originals.get(id(value))
-            if orig is not None:
-                write(orig, ingress(value))
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:  # Tensor(a!) or Tensor(a!)[]
+            orig = originals.get(id(v)) if isinstance(v, torch.Tensor) else None
+            if orig is None:
+                continue
+            if orig.layout != torch.strided:
+                write_sparse(orig, v)
+            else:
+                resize(orig, tuple(v.shape))  # out= arguments take the result's shape
+                write(orig, ingress(v))
 
     def back(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -76,10 +111,40 @@ def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
             if orig is not None:
                 return orig
             if x.device.type == "cpu":
-                return from_cpu(x)
+                return from_cpu(x) if x.layout == torch.strided else x.to(DEVICE)
         return x
 
     return tree_map(back, result)
+
+
+def _check_lists(op: Any, args: tuple) -> None:
+    """Tensor lists (``cat``, ``stack``) mixing nntile and CPU tensors raise as PyTorch
+    does for two devices; the dispatcher checks single tensor arguments itself."""
+    for arg, v in zip(op._schema.arguments, args):
+        if str(arg.type) == "List[Tensor]" and isinstance(v, (list, tuple)):
+            devs = {t.device.type for t in v if isinstance(t, torch.Tensor) and (t.dim() or t.device.type == DEVICE)}
+            if len(devs) > 1:
+                raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, "
+                                   f"{DEVICE}:0 and cpu!")
+
+
+def _wrap_numbers(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Python numbers where the schema takes a Tensor, as 0-dim tensors.
+
+    A boxed kernel receives PyTorch's wrapped-number tensors (``x * 2.5`` inside a
+    composite op) as plain numbers. The tensor made for one takes the dtype that the
+    number and the first tensor argument promote to, as a wrapped number would."""
+    schema = op._schema.arguments
+    ref = next((x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)), None)
+
+    def wrap(arg: Any, v: Any) -> Any:
+        if isinstance(v, (bool, int, float, complex)) and arg.type.kind() == "TensorType":
+            return torch.tensor(v, dtype=torch.result_type(ref, v) if ref is not None else None)
+        return v
+
+    args = tuple(wrap(a, v) for a, v in zip(schema, args)) + args[len(schema):]
+    by_name = {a.name: a for a in schema}
+    return args, {k: wrap(by_name[k], v) if k in by_name else v for k, v in kwargs.items()}
 
 
 def _by_schema(op: Any, args: tuple, kwargs: dict) -> list[Any]:
@@ -90,4 +155,12 @@ def _by_schema(op: Any, args: tuple, kwargs: dict) -> list[Any]:
 
 
 _LIB.fallback(_fallback, "PrivateUse1")
+_LIB.fallback(_fallback, "SparsePrivateUse1")
+_LIB.fallback(_fallback, "SparseCsrPrivateUse1")
+route_to(lambda op: lambda *a, **k: _fallback(op, *a, **k))
+# Those hooks have a default kernel that raises, so the boxed fallback never sees them.
+_ATEN = torch.library.Library("aten", "IMPL")
+for _name in _CPU_FORM:
+    _op = getattr(torch.ops.aten, _name.removeprefix("aten::")).default
+    _ATEN.impl(_op.__name__.split(".")[0], lambda *a, _op=_op, **k: _fallback(_op, *a, **k), "PrivateUse1")
 _LIB.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")

@@ -14,14 +14,13 @@ import weakref
 class AxisGroup:
     """A union-find element; the root of a set carries the set's metadata."""
 
-    __slots__ = ("parent", "extent", "name", "aliases", "fixed", "__weakref__")
+    __slots__ = ("parent", "extent", "name", "aliases", "__weakref__")
 
     def __init__(self, extent: int) -> None:
         self.parent: AxisGroup | None = None
         self.extent = extent
         self.name: str | None = None
         self.aliases: tuple[str, ...] = ()  # names of named groups merged into this one
-        self.fixed: str | None = None  # name of an op that cannot tile this group
 
     def names(self) -> tuple[str, ...]:
         return ((self.name,) if self.name is not None else ()) + self.aliases
@@ -60,17 +59,8 @@ def union(a: AxisGroup, b: AxisGroup) -> AxisGroup:
         ra.name, ra.aliases = rb.name, rb.aliases
     else:
         ra.aliases += tuple(n for n in rb.names() if n not in ra.names())
-    if ra.fixed is None:
-        ra.fixed = rb.fixed
     rb.parent = ra
     return ra
-
-
-def fix(g: AxisGroup, op_name: str) -> None:
-    """Mark a group as one that ``op_name`` cannot split into several tiles."""
-    r = g.root()
-    if r.fixed is None:
-        r.fixed = op_name
 
 
 def set_name(g: AxisGroup, name: str) -> None:
@@ -130,8 +120,6 @@ def describe(g: AxisGroup) -> str:
 def set_tiling(name: str, tiling: int | list[int] | tuple[int, ...]) -> None:
     g = group_by_name(name)
     sizes = normalize_tiling(tiling, g.extent, repr(name))
-    if len(sizes) > 1 and g.fixed is not None:
-        raise ValueError(f"axis group {name!r} cannot be tiled: {g.fixed} needs it whole")
     _TILINGS[name] = tiling if isinstance(tiling, int) else sizes
 
 
@@ -156,8 +144,6 @@ def tiling_of(root: AxisGroup) -> tuple[int, ...]:
                 f"axis group {describe(root)}: ops merged groups tiled differently "
                 f"({set_for[0][0]!r}: {list(sizes)}, {n!r}: {list(other)}); give them one tiling"
             )
-    if len(sizes) > 1 and root.fixed is not None:
-        raise ValueError(f"axis group {describe(root)} cannot be tiled: {root.fixed} needs it whole")
     return sizes
 
 
@@ -178,7 +164,5 @@ def format_groups() -> str:
             tdesc = "untiled" if len(tiles) == 1 else f"{len(tiles)} tiles {list(tiles)}"
         except ValueError as e:
             tdesc = f"invalid: {e}"
-        if r.fixed is not None:
-            tdesc += f" (whole for {r.fixed})"
         lines.append(f"{'='.join(r.names()) or '-':<16} {r.extent:>8} {n:>8}  {tdesc}")
     return "\n".join(lines)

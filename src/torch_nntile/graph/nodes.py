@@ -9,6 +9,7 @@ its tiles go with it.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -110,13 +111,44 @@ class TensorGraph:
             return list(self.pending)
 
 
+def _refs_when_unreferenced() -> int:
+    """What ``sys.getrefcount`` reports, inside ``prune_dead``'s loop, for an output
+    that only its op holds (measured, not assumed, as it varies across Pythons)."""
+    class Probe:
+        outputs = (object(),)
+        inputs = ()
+    counts = [sys.getrefcount(out) for op in [Probe] for out in op.outputs]
+    return counts[0]
+
+
+_UNREFERENCED = _refs_when_unreferenced()
+
+
+def prune_dead(ops: list[OpNode]) -> list[OpNode]:
+    """Drop the ops whose outputs nothing can read any more: no tensor, view or later
+    op holds them (``torch.ones`` records a fill behind ``empty``'s dead zero fill).
+    Ops are pure, so dropping one changes no result. Later ops go first, so a dead
+    op's release of its inputs can make earlier ones dead too."""
+    kept: list[OpNode] = []
+    for op in reversed(ops):
+        if all(sys.getrefcount(out) <= _UNREFERENCED for out in op.outputs):
+            op.inputs = ()
+            stats.COUNTS["ops_pruned"] += 1
+        else:
+            kept.append(op)
+    kept.reverse()
+    return kept
+
+
 def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any]) -> Any:
     """Lower every pending op in record order into a context's task list.
 
-    Nothing is committed to the nodes until every op lowered: an op that rejects
-    its tiling leaves the graph pending and all tensors as they were.
+    Nothing is committed to the nodes until every op lowered: an invalid tiling
+    (found while planning) leaves the graph pending and all tensors as they were.
+    An op whose lowering fails otherwise raises its error from the values that
+    depend on it (``Lowering.lower``).
     """
-    ops = graph.take()
+    ops = prune_dead(graph.take())
     ctx = make_ctx()
     try:
         t0 = stats.enter()
@@ -127,7 +159,7 @@ def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any]) -> Any:
         t0 = stats.enter()
         try:
             for op in ops:
-                op.opdef.lower(ctx, op)
+                ctx.lower(op)
         finally:
             stats.leave("compile.lowering", t0)
     except BaseException:

@@ -6,6 +6,7 @@ An op definition owns its shape/axis rule (in its record function), its lowering
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,11 @@ from torch_nntile.graph.nodes import SESSION, DataNode, OpNode
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, TileArray, W
 
 Kernel = Callable[..., None]
+
+
+class NotNative(NotImplementedError):
+    """A case of an op that nntile does not implement (raised before anything is
+    recorded): the ATen table hands the call to the CPU fallback, or names it."""
 
 
 class Op:
@@ -62,7 +68,7 @@ def broadcast_axes(nodes: list[DataNode]) -> tuple[tuple[int, ...], tuple[AxisGr
                         union(a, b)
         return first.shape, axes
     ndim = max(len(n.shape) for n in nodes)
-    shape = list(torch.broadcast_shapes(*(n.shape for n in nodes)))
+    shape = functools.reduce(torch._C._infer_size, (torch.Size(n.shape) for n in nodes))  # ATen's rule, message
     axes: list[AxisGroup | None] = [None] * ndim
     for n in nodes:
         off = ndim - len(n.shape)
@@ -74,6 +80,25 @@ def broadcast_axes(nodes: list[DataNode]) -> tuple[tuple[int, ...], tuple[AxisGr
                 else:
                     union(cur, ax)
     return tuple(shape), tuple(a if a is not None else new_group(s) for a, s in zip(axes, shape))
+
+
+def wrap_dim(d: int, ndim: int) -> int:
+    """A dim index in ``[0, ndim)``, as PyTorch wraps it (0-dim tensors take 0 and -1)."""
+    n = max(ndim, 1)
+    if not -n <= d < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    return d % n
+
+
+def wrap_dims(dims: tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    """Sorted wrapped dims of a reduction; a repeated dim raises as in PyTorch."""
+    out: list[int] = []
+    for d in dims:
+        w = wrap_dim(d, ndim)
+        if w in out:
+            raise RuntimeError(f"dim {w} appears multiple times in the list of dims")
+        out.append(w)
+    return tuple(sorted(out))
 
 
 def input_index(inp: TileArray, out_idx: tuple[int, ...], out_ndim: int) -> tuple[int, ...]:
@@ -108,6 +133,28 @@ def map_op(name: str, fn: Kernel, inputs: list[DataNode], dtype: torch.dtype) ->
     """Record an elementwise op: ``fn(out_tile, *input_tiles)`` writes out_tile."""
     shape, axes = broadcast_axes(inputs)
     return record(MAP, tuple(inputs), (fn, name), [(shape, dtype, axes)])[0]
+
+
+# -- whole-value ops: one task over the values gathered into single tiles ----------
+
+
+def _lower_whole(ctx: Lowering, node: OpNode) -> None:
+    fn, name = node.attrs
+    ins = [ctx.input(n, tuple((s,) for s in n.shape)) for n in node.inputs]
+    outs = [ctx.output(n, tuple((s,) for s in n.shape)) for n in node.outputs]  # re-tiled as planned after
+    ctx.task(fn, [Arg(o, (0,) * len(o.shape), W) for o in outs] + [Arg(a, (0,) * len(a.shape), R) for a in ins],
+             name)
+
+
+WHOLE = Op("whole", _lower_whole, kernel_name)
+"""Ops with no tiled lowering yet: inputs are gathered (counted as re-tiles) and one
+task runs the ATen op on them; outputs are then split into their planned tiles."""
+
+
+def whole_op(name: str, fn: Kernel, inputs: list[DataNode],
+             outs: list[tuple[tuple[int, ...], torch.dtype, Any]]) -> tuple[DataNode, ...]:
+    """Record ``fn(*out_tiles, *input_tiles)`` over whole values."""
+    return record(WHOLE, tuple(inputs), (fn, name), outs)
 
 
 # -- reductions into one tile --------------------------------------------------

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.ops.base import Op, record
-from torch_nntile.runtime.context import Runtime
+from torch_nntile.runtime.context import Done, Runtime, failure_error
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 
@@ -49,13 +47,42 @@ def fill(shape: tuple[int, ...], dtype: torch.dtype, value: float | int | bool, 
     return record(FILL, (), value, [(shape, dtype, axes)])[0]
 
 
+def _lower_arange(ctx: Lowering, node: OpNode) -> None:
+    start, step = node.attrs
+    out = ctx.output(node.outputs[0])
+    dtype = out.dtype
+    exact = not (dtype.is_floating_point or dtype.is_complex)
+
+    for (i,) in out.indices():
+        lo = out.offs[0][i]
+        hi = lo + out.tiling[0][i]
+
+        # as on CPU: element i is start + i * step, computed in double for floats
+        def k(o: torch.Tensor, lo: int = lo, hi: int = hi) -> None:
+            idx = torch.arange(lo, hi, dtype=torch.int64 if exact else torch.float64)
+            o.copy_(idx * step + start)
+
+        ctx.task(k, [Arg(out, (i,), W)], "arange")
+
+
+ARANGE = Op("arange", _lower_arange)
+
+
+def arange(n: int, start: float | int, step: float | int, dtype: torch.dtype) -> DataNode:
+    """``start + i * step`` for i < n, tiled like any 1-D value."""
+    return record(ARANGE, (), (start, step), [((n,), dtype, None)])[0]
+
+
 def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
     """Copy a materialized node's tiles into a new CPU tensor.
 
     Waits for this value only: one task reads every tile once its writers are done,
     while the rest of the submitted work goes on (the next step can be recorded and
-    submitted meanwhile). Under a dry-run switch the tiles hold nothing meaningful:
-    the result is zeros and a warning says so.
+    submitted meanwhile). If a tile holds a failure instead of a value (a kernel
+    that raised, upstream, or a tile without memory) that failure is raised here;
+    failures of other values are not. The wait lets Ctrl-C through. Under a dry-run
+    switch the tiles hold nothing meaningful: the result is zeros and a warning
+    says so.
     """
     t0 = stats.enter()
     try:
@@ -68,7 +95,7 @@ def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
         else:
             idxs = list(arr.indices())
             views = [cpu[arr.slices(idx)] for idx in idxs]
-            done = threading.Event()
+            done = Done()
 
             def copy_out(*tiles: torch.Tensor) -> None:
                 for v, t in zip(views, tiles):
@@ -79,10 +106,11 @@ def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
             rt.submit(ctx.tasks, notify=done)
             t1 = stats.enter()
             try:
-                done.wait()
+                rt.wait_for(done)
             finally:
                 stats.leave("wait", t1)
-            rt.raise_errors()
+            if done.failure:
+                raise failure_error(done.failure)
         stats.COUNTS["bytes_out"] += cpu.numel() * cpu.element_size()
         return cpu
     finally:

@@ -91,12 +91,28 @@ def mm(
     m, k1 = (a.shape[1], a.shape[0]) if ta else a.shape
     k2, n = (b.shape[1], b.shape[0]) if tb else b.shape
     if k1 != k2:
-        raise RuntimeError(f"mm: shapes ({m}x{k1}) and ({k2}x{n}) cannot be multiplied")
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({m}x{k1} and {k2}x{n})")  # PyTorch's words
     union(ak, bk)
     inputs = (a, b) if bias is None else (a, b, bias)
     if bias is not None:
+        _check_bias(bias.shape, (m, n))
         off = 2 - len(bias.shape)
         for d, (s, ax) in enumerate(zip(bias.shape, bias.axes)):
             if s != 1:
                 union(ax, (am, bn)[off + d])
     return record(MM, inputs, (ta, tb, alpha, beta), [((m, n), dtype, (am, bn))])[0]
+
+
+def _check_bias(shape: tuple[int, ...], target: tuple[int, int]) -> None:
+    """The bias must broadcast to the product's shape: PyTorch's error (from expand) otherwise."""
+    if len(shape) > len(target):
+        raise RuntimeError(f"expand({list(shape)}, size={list(target)}): the number of sizes provided "
+                           f"({len(target)}) must be greater or equal to the number of dimensions in the tensor "
+                           f"({len(shape)})")
+    off = len(target) - len(shape)
+    for d, s in enumerate(shape):
+        t = target[off + d]
+        if s != 1 and s != t:
+            raise RuntimeError(f"The expanded size of the tensor ({t}) must match the existing size ({s}) at "
+                               f"non-singleton dimension {off + d}.  Target sizes: {list(target)}.  "
+                               f"Tensor sizes: {list(shape)}")

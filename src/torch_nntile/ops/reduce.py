@@ -7,9 +7,20 @@ import math
 
 import torch
 
-from torch_nntile.graph.axes import fix, new_group, union
+from torch_nntile.graph.axes import new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.ops.base import Op, broadcast_axes, kernel_name, record, reduce_into, split_chains
+from torch_nntile.ops.base import (
+    NotNative,
+    Op,
+    broadcast_axes,
+    kernel_name,
+    record,
+    reduce_into,
+    split_chains,
+    wrap_dim,
+    wrap_dims,
+)
+from torch_nntile.ops.views import reshape
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
 
 # -- sum / mean over dims ------------------------------------------------------
@@ -49,9 +60,9 @@ SUM = Op("sum", _lower_sum, cost=lambda node: node.inputs[0].numel)
 
 def sum_op(x: DataNode, dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype, mean: bool = False) -> DataNode:
     nd = len(x.shape)
-    dims = tuple(sorted({d % nd for d in dims})) if dims else tuple(range(nd))
+    dims = tuple(d for d in wrap_dims(dims, nd) if d < nd) if dims else tuple(range(nd))
     count = math.prod(x.shape[d] for d in dims)
-    scale = 1.0 / count if mean and count else 1
+    scale = (1.0 / count if count else math.nan) if mean else 1  # the mean of nothing is nan
     shape, axes = [], []
     for d in range(nd):
         if d in dims:
@@ -68,35 +79,34 @@ def sum_op(x: DataNode, dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype
 
 
 def _lower_rowwise(ctx: Lowering, node: OpNode) -> None:
-    fn, name = node.attrs
-    ins = [ctx.input(n) for n in node.inputs]
-    out = ctx.output(node.outputs[0])
+    fn, name, dims = node.attrs
+    ins = [ctx.input(n, ctx.whole(n, dims)) for n in node.inputs]
+    out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], dims))
     for idx in out.indices():
         ctx.task(fn, [Arg(out, idx, W)] + [Arg(a, idx, R) for a in ins], name)
 
 
 ROWWISE = Op("rowwise", _lower_rowwise, kernel_name)
+"""Same-shape inputs and output, computed tile by tile with ``dims`` whole in a tile."""
 
 
 def log_softmax(x: DataNode, dim: int) -> DataNode:
-    dim %= max(len(x.shape), 1)
-    if x.shape:
-        fix(x.axes[dim], "aten._log_softmax")
+    dim = wrap_dim(dim, len(x.shape))
 
     def k(o: torch.Tensor, t: torch.Tensor) -> None:
         torch.ops.aten._log_softmax.out(t, dim, False, out=o)
 
-    return record(ROWWISE, (x,), (k, "_log_softmax"), [(x.shape, x.dtype, x.axes)])[0]
+    return record(ROWWISE, (x,), (k, "_log_softmax", (dim,)), [(x.shape, x.dtype, x.axes)])[0]
 
 
 def log_softmax_backward(grad: DataNode, out: DataNode, dim: int, in_dtype: torch.dtype) -> DataNode:
-    dim %= max(len(out.shape), 1)
+    dim = wrap_dim(dim, len(out.shape))
 
     def k(o: torch.Tensor, g: torch.Tensor, y: torch.Tensor) -> None:
         torch.ops.aten._log_softmax_backward_data.out(g, y, dim, in_dtype, out=o)
 
     shape, axes = broadcast_axes([grad, out])
-    return record(ROWWISE, (grad, out), (k, "_log_softmax_backward_data"), [(shape, in_dtype, axes)])[0]
+    return record(ROWWISE, (grad, out), (k, "_log_softmax_backward_data", (dim,)), [(shape, in_dtype, axes)])[0]
 
 
 # -- negative log-likelihood, class dim last -----------------------------------
@@ -106,8 +116,8 @@ NONE, MEAN, SUM_RED = 0, 1, 2
 
 def _lower_nll(ctx: Lowering, node: OpNode) -> None:
     reduction, ignore_index = node.attrs
-    x, t = ctx.input(node.inputs[0]), ctx.input(node.inputs[1])
-    w = ctx.input(node.inputs[2]) if len(node.inputs) > 2 else None
+    x, t = ctx.input(node.inputs[0], ctx.whole(node.inputs[0], (1,))), ctx.input(node.inputs[1])
+    w = ctx.input(node.inputs[2], ctx.whole(node.inputs[2], (0,))) if len(node.inputs) > 2 else None
     loss, tw = ctx.output(node.outputs[0]), ctx.output(node.outputs[1])
     wargs = [Arg(w, (0,), R)] if w is not None else []
     nb = x.grid[0]
@@ -157,17 +167,27 @@ def _lower_nll(ctx: Lowering, node: OpNode) -> None:
 NLL = Op("nll_loss_forward", _lower_nll)
 
 
-def _check_nll(x: DataNode, t: DataNode) -> None:
-    if len(x.shape) != 2 or len(t.shape) != 1 or t.shape[0] != x.shape[0]:
-        raise RuntimeError(
-            f"nll_loss on nntile supports input (N, C) with target (N,); got {list(x.shape)} and {list(t.shape)}"
-        )
+def _check_nll(x: DataNode, t: DataNode, w: DataNode | None) -> None:
+    """PyTorch's own checks of nll_loss arguments, with its messages."""
+    if not 1 <= len(x.shape) <= 2:
+        raise RuntimeError("input tensor should be 1D or 2D")
+    if len(t.shape) > 1:
+        raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
+    if len(x.shape) == 1 and t.shape:
+        raise NotNative("nll_loss of a 1-D input with a 1-D target")
+    if len(x.shape) == 2 and (not t.shape or t.shape[0] != x.shape[0]):
+        raise RuntimeError(f"size mismatch (got input: {list(x.shape)}, target: {list(t.shape)})")
+    if w is not None and w.numel != x.shape[-1]:
+        raise RuntimeError(f"weight tensor should be defined either for all {x.shape[-1]} classes or no classes "
+                           f"but got weight tensor of shape: {list(w.shape)}")
 
 
 def nll_loss(x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignore_index: int) -> tuple[DataNode, DataNode]:
-    _check_nll(x, t)
+    _check_nll(x, t, w)
+    if len(x.shape) == 1:  # one sample: (C,) with target ()
+        loss, tw = nll_loss(reshape(x, (1, x.shape[0])), reshape(t, (1,)), w, reduction, ignore_index)
+        return (reshape(loss, ()) if reduction == NONE else loss), tw
     union(x.axes[0], t.axes[0])
-    fix(x.axes[1], "aten.nll_loss_forward")
     inputs = (x, t) if w is None else (x, t, w)
     lshape, laxes = ((x.shape[0],), (x.axes[0],)) if reduction == NONE else ((), ())
     return record(NLL, inputs, (reduction, ignore_index), [(lshape, x.dtype, laxes), ((), x.dtype, ())])
@@ -175,9 +195,10 @@ def nll_loss(x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignor
 
 def _lower_nll_backward(ctx: Lowering, node: OpNode) -> None:
     reduction, ignore_index = node.attrs
-    g, x, t, tw = (ctx.input(n) for n in node.inputs[:4])
-    w = ctx.input(node.inputs[4]) if len(node.inputs) > 4 else None
-    out = ctx.output(node.outputs[0])
+    g, t, tw = ctx.input(node.inputs[0]), ctx.input(node.inputs[2]), ctx.input(node.inputs[3])
+    x = ctx.input(node.inputs[1], ctx.whole(node.inputs[1], (1,)))
+    w = ctx.input(node.inputs[4], ctx.whole(node.inputs[4], (0,))) if len(node.inputs) > 4 else None
+    out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], (1,)))
     wargs = [Arg(w, (0,), R)] if w is not None else []
 
     def k(o: torch.Tensor, gt: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, twt: torch.Tensor, *wt: torch.Tensor) -> None:
@@ -196,10 +217,13 @@ NLL_BACKWARD = Op("nll_loss_backward", _lower_nll_backward)
 def nll_loss_backward(
     g: DataNode, x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignore_index: int, tw: DataNode
 ) -> DataNode:
-    _check_nll(x, t)
+    _check_nll(x, t, w)
+    if len(x.shape) == 1:
+        g2 = reshape(g, (1,)) if reduction == NONE else g
+        return reshape(nll_loss_backward(g2, reshape(x, (1, x.shape[0])), reshape(t, (1,)), w, reduction,
+                                         ignore_index, tw), x.shape)
     union(x.axes[0], t.axes[0])
     if reduction == NONE:
         union(g.axes[0], x.axes[0])
-    fix(x.axes[1], "aten.nll_loss_backward")
     inputs = (g, x, t, tw) if w is None else (g, x, t, tw, w)
     return record(NLL_BACKWARD, inputs, (reduction, ignore_index), [(x.shape, x.dtype, x.axes)])[0]

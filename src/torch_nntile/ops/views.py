@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import torch
 
-from torch_nntile.graph.axes import AxisGroup, fix, new_group
+from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.ops.base import Op, record
 from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
@@ -70,8 +70,11 @@ def _blocks(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], lis
 
 def _lower_reshape(ctx: Lowering, node: OpNode) -> None:
     pairs = node.attrs  # (out dim, in dim) of dims mapped one to one
-    x = ctx.input(node.inputs[0])
-    out = ctx.output(node.outputs[0])
+    xn, on = node.inputs[0], node.outputs[0]
+    # Dims a reshape merges or splits are whole in a tile: a tile's box then reshapes
+    # like the whole value. The other dims keep their tiles.
+    x = ctx.input(xn, ctx.whole(xn, set(range(len(xn.shape))) - {xd for _, xd in pairs}))
+    out = ctx.output(on, ctx.whole(on, set(range(len(on.shape))) - {od for od, _ in pairs}))
     for idx in out.indices():
         xi = [0] * len(x.shape)
         for od, xd in pairs:
@@ -95,11 +98,8 @@ def reshape(x: DataNode, shape: tuple[int, ...]) -> DataNode:
             axes[rb[0]] = x.axes[ra[0]]
             pairs.append((rb[0], ra[0]))
         else:
-            for d in ra:
-                fix(x.axes[d], "aten.view (merges or splits it)")
             for d in rb:
                 axes[d] = new_group(shape[d])
-                fix(axes[d], "aten.view (merges or splits it)")
     full = tuple(a if a is not None else new_group(s) for a, s in zip(axes, shape))
     return record(RESHAPE, (x,), tuple(pairs), [(shape, x.dtype, full)])[0]
 
@@ -134,6 +134,42 @@ def expand(x: DataNode, shape: tuple[int, ...]) -> DataNode:
     return record(EXPAND, (x,), None, [(shape, x.dtype, tuple(axes))])[0]
 
 
+# -- concatenation -----------------------------------------------------------------
+
+
+def _lower_cat(ctx: Lowering, node: OpNode) -> None:
+    dim = node.attrs
+    out = ctx.output(node.outputs[0])
+    parts, at = [], 0
+    for n in node.inputs:
+        off = [0] * len(n.shape)
+        off[dim] = at
+        parts.append((ctx.input(n), tuple(off)))
+        at += n.shape[dim]
+    ctx.assemble(out, parts, "cat")
+
+
+CAT = Op("cat", _lower_cat)
+
+
+def cat(xs: list[DataNode], dim: int, dtype: torch.dtype) -> DataNode:
+    """Concatenate along ``dim`` (wrapped, inputs checked by the caller); other dims
+    share their axis groups across the inputs and the output."""
+    first = xs[0]
+    shape = list(first.shape)
+    shape[dim] = sum(x.shape[dim] for x in xs)
+    axes: list[AxisGroup] = []
+    for d in range(len(shape)):
+        if d == dim:
+            axes.append(new_group(shape[d]))
+            continue
+        g = first.axes[d]
+        for x in xs[1:]:
+            union(g, x.axes[d])
+        axes.append(g)
+    return record(CAT, tuple(xs), dim, [(tuple(shape), dtype, tuple(axes))])[0]
+
+
 # -- general strided views, gathered on one tile --------------------------------
 
 
@@ -154,7 +190,7 @@ def _all(arr: TileArray, mode: int) -> list[Arg]:
 def _lower_as_strided(ctx: Lowering, node: OpNode) -> None:
     size, stride, offset = node.attrs
     x = ctx.input(node.inputs[0])
-    out = ctx.output(node.outputs[0])
+    out = ctx.output(node.outputs[0], tuple((s,) for s in size))  # one tile, re-tiled as planned
     zero = (0,) * len(size)
 
     def k(o: torch.Tensor, *tiles: torch.Tensor) -> None:
@@ -187,13 +223,6 @@ def _lower_as_strided_scatter(ctx: Lowering, node: OpNode) -> None:
 AS_STRIDED_SCATTER = Op("as_strided_scatter", _lower_as_strided_scatter)
 
 
-def _one_tile_axes(shape: tuple[int, ...], why: str) -> tuple[AxisGroup, ...]:
-    axes = tuple(new_group(s) for s in shape)
-    for a in axes:
-        fix(a, why)
-    return axes
-
-
 # -- geometry decoding -----------------------------------------------------------
 
 
@@ -224,8 +253,7 @@ def read_view(base: DataNode, sizes: tuple[int, ...], strides: tuple[int, ...], 
     """The value seen through a view of ``base`` (a contiguous tensor)."""
     steps = decode(base.shape, sizes, strides, offset)
     if steps is None:
-        return record(AS_STRIDED, (base,), (sizes, strides, offset),
-                      [(sizes, base.dtype, _one_tile_axes(sizes, "a strided view"))])[0]
+        return record(AS_STRIDED, (base,), (sizes, strides, offset), [(sizes, base.dtype, None)])[0]
     r_shape, perm, s_shape, exp = steps
     v = permute(reshape(base, r_shape), perm)
     v = reshape(v, s_shape)

@@ -2,6 +2,12 @@
 
 Every StarPU struct stays in C; Python sees a handful of plain functions. Built at
 install time against whichever of ``starpu-1.4`` / ``starpu-1.3`` pkg-config finds.
+
+Tile memory is allocated here, not by StarPU: StarPU waits forever for memory that
+cannot be had, while a failed allocation here is known at once and becomes a failure
+of the values that need that tile. Each handle's ``user_data`` says whether its
+current value exists (see ``tnt_task_failure``), so that a task whose inputs failed
+skips its kernel and passes the failure on to what it writes.
 """
 
 from __future__ import annotations
@@ -13,22 +19,25 @@ from cffi import FFI
 
 CDEF = """
 typedef void *tnt_handle;
-extern "Python" void _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker);
+extern "Python" int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
 int tnt_init(int ncpu, const char *sched);
 void tnt_shutdown(void);
 int tnt_ncpu(void);
 int tnt_nworkers(void);
 void tnt_pause(void);
 void tnt_resume(void);
-tnt_handle tnt_register(uint32_t nelems, size_t elemsize);
+tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated);
 void tnt_unregister_submit(tnt_handle h);
-void tnt_invalidate_submit(tnt_handle h);
+void tnt_unregister_now(tnt_handle h);
+void tnt_set_no_memory(tnt_handle h, int64_t failure);
+int tnt_submit_fail(tnt_handle h, int64_t failure);
+void tnt_set_abandon(int64_t failure);
 int tnt_wait_all(void);
 void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip);
 void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute);
 size_t tnt_pack_size(int m, int n, int k);
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
-                     int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *rc);
+                     int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *out);
 int64_t tnt_gemm_done(void);
 void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
 int64_t tnt_gemm_event_count(void);
@@ -38,12 +47,47 @@ int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0
 SOURCE = r"""
 #include <starpu.h>
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 typedef void *tnt_handle;
-static void _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker);
+static int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
+
+/* The state of a tile's current value, in its handle's user_data (an intptr_t):
+   0: computed; 2 * id: not computed, because of failure ``id`` (the next task that
+   writes the tile and runs clears it); 2 * id + 1: the tile has no memory (failure
+   ``id``, for good). Tasks on a handle are ordered by StarPU, so a task reads the
+   state its predecessors left. */
+static int64_t tnt_abandon_id;  /* nonzero at exit: tasks that have not started skip their kernels */
+
+/* The failure a task inherits: from a tile it reads that holds none, or one without memory. */
+static int64_t tnt_task_failure(struct starpu_task *task, int n)
+{
+    for (int i = 0; i < n; i++) {
+        intptr_t s = (intptr_t)starpu_data_get_user_data(STARPU_TASK_GET_HANDLE(task, i));
+        if (s != 0 && ((s & 1) || (STARPU_TASK_GET_MODE(task, i) & STARPU_R)))
+            return (int64_t)(s >> 1);
+    }
+    return __atomic_load_n(&tnt_abandon_id, __ATOMIC_RELAXED);
+}
+
+/* After a task: what it wrote holds a value, or not (``failure``). */
+static void tnt_task_wrote(struct starpu_task *task, int n, int64_t failure)
+{
+    intptr_t want = (intptr_t)failure * 2;
+    for (int i = 0; i < n; i++) {
+        if (!(STARPU_TASK_GET_MODE(task, i) & STARPU_W))
+            continue;
+        starpu_data_handle_t h = STARPU_TASK_GET_HANDLE(task, i);
+        intptr_t s = (intptr_t)starpu_data_get_user_data(h);
+        if (s != want && !(s & 1))
+            starpu_data_set_user_data(h, (void *)want);
+    }
+}
 
 static void tnt_cpu_func(void *buffers[], void *cl_arg)
 {
@@ -52,8 +96,27 @@ static void tnt_cpu_func(void *buffers[], void *cl_arg)
     uintptr_t ptrs[n > 0 ? n : 1];
     for (int i = 0; i < n; i++)
         ptrs[i] = STARPU_VECTOR_GET_PTR(buffers[i]);
-    _tnt_kernel((int64_t)(intptr_t)cl_arg, ptrs, n, starpu_worker_get_id());
+    int64_t failed = tnt_task_failure(task, n);
+    failed = _tnt_kernel((int64_t)(intptr_t)cl_arg, ptrs, n, starpu_worker_get_id(), failed);
+    tnt_task_wrote(task, n, failed);
 }
+
+/* Marks the tile it writes as failed (``cl_arg``): stands in for a task that never ran. */
+static void tnt_fail_func(void *buffers[], void *cl_arg)
+{
+    (void)buffers;
+    struct starpu_task *task = starpu_task_get_current();
+    tnt_task_wrote(task, STARPU_TASK_GET_NBUFFERS(task), (int64_t)(intptr_t)cl_arg);
+}
+
+/* Frees a tile's memory once every earlier task on it is done (its handle is then unregistered). */
+static void tnt_free_func(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    free((void *)STARPU_VECTOR_GET_PTR(buffers[0]));
+}
+
+static struct starpu_codelet tnt_fail_cl, tnt_free_cl;
 
 static struct starpu_codelet tnt_cl;
 
@@ -72,7 +135,28 @@ int tnt_init(int ncpu, const char *sched)
     tnt_cl.cpu_funcs[0] = tnt_cpu_func;
     tnt_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
     tnt_cl.name = "nntile_tile_kernel";
-    return starpu_init(&conf);
+    memset(&tnt_fail_cl, 0, sizeof(tnt_fail_cl));
+    tnt_fail_cl.where = STARPU_CPU;
+    tnt_fail_cl.cpu_funcs[0] = tnt_fail_func;
+    tnt_fail_cl.nbuffers = 1;
+    tnt_fail_cl.modes[0] = STARPU_W;
+    tnt_fail_cl.name = "nntile_fail";
+    memset(&tnt_free_cl, 0, sizeof(tnt_free_cl));
+    tnt_free_cl.where = STARPU_CPU;
+    tnt_free_cl.cpu_funcs[0] = tnt_free_func;
+    tnt_free_cl.nbuffers = 1;
+    tnt_free_cl.modes[0] = STARPU_W;
+    tnt_free_cl.name = "nntile_free";
+    __atomic_store_n(&tnt_abandon_id, 0, __ATOMIC_RELAXED);
+    /* Workers inherit this thread's signal mask: with SIGINT blocked there, Ctrl-C is
+       delivered to a Python thread, which can act on it, never to a worker. */
+    sigset_t intr, old;
+    sigemptyset(&intr);
+    sigaddset(&intr, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &intr, &old);
+    int rc = starpu_init(&conf);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }
 
 void tnt_shutdown(void) { starpu_shutdown(); }
@@ -81,15 +165,67 @@ int tnt_nworkers(void) { return (int)starpu_worker_get_count(); }
 void tnt_pause(void) { starpu_pause(); }
 void tnt_resume(void) { starpu_resume(); }
 
-tnt_handle tnt_register(uint32_t nelems, size_t elemsize)
+/* A tile of nelems items in memory allocated here, registered with main RAM as its
+   home. *allocated = 0 when there is no memory for it: the handle then has none
+   (the caller marks it with tnt_set_no_memory before any task uses it). StarPU 1.3
+   counts a vector's items in 32 bits: a larger tile is one item of its whole size. */
+tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated)
 {
+    size_t nbytes = nelems * elemsize;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, nbytes ? nbytes : 1) != 0)
+        p = NULL;
+    *allocated = p != NULL;
     starpu_data_handle_t h;
-    starpu_vector_data_register(&h, -1, 0, nelems, elemsize);
+    if (nelems <= UINT32_MAX)
+        starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, (uint32_t)nelems, elemsize);
+    else
+        starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, 1, nbytes);
     return (tnt_handle)h;
 }
 
-void tnt_unregister_submit(tnt_handle h) { starpu_data_unregister_submit((starpu_data_handle_t)h); }
-void tnt_invalidate_submit(tnt_handle h) { starpu_data_invalidate_submit((starpu_data_handle_t)h); }
+void tnt_set_no_memory(tnt_handle h, int64_t failure)
+{
+    starpu_data_set_user_data((starpu_data_handle_t)h, (void *)((intptr_t)failure * 2 + 1));
+}
+
+/* Unregister once the tasks submitted on h are done, then free its memory: a task
+   frees it in order after them. */
+void tnt_unregister_submit(tnt_handle h)
+{
+    starpu_data_handle_t d = (starpu_data_handle_t)h;
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_free_cl;
+    task->handles[0] = d;
+    if (starpu_task_submit(task) != 0) {  /* cannot happen with CPU workers; never leak silently */
+        void *p = starpu_data_handle_to_pointer(d, STARPU_MAIN_RAM);
+        starpu_data_unregister(d);
+        free(p);
+        return;
+    }
+    starpu_data_unregister_submit(d);
+}
+
+/* Unregister and free now (no task may still use h: after a wait). */
+void tnt_unregister_now(tnt_handle h)
+{
+    starpu_data_handle_t d = (starpu_data_handle_t)h;
+    void *p = starpu_data_handle_to_pointer(d, STARPU_MAIN_RAM);
+    starpu_data_unregister(d);
+    free(p);
+}
+
+/* A task that marks h's next value as failed, in order after h's earlier tasks. */
+int tnt_submit_fail(tnt_handle h, int64_t failure)
+{
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_fail_cl;
+    task->cl_arg = (void *)(intptr_t)failure;
+    task->handles[0] = (starpu_data_handle_t)h;
+    return starpu_task_submit(task);
+}
+
+void tnt_set_abandon(int64_t failure) { __atomic_store_n(&tnt_abandon_id, failure, __ATOMIC_RELAXED); }
 
 static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where)
 {
@@ -161,6 +297,14 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
 {
     static __thread int single_threaded;
     const struct tnt_gemm_args *a = cl_arg;
+    struct starpu_task *task = starpu_task_get_current();
+    int nbuf = STARPU_TASK_GET_NBUFFERS(task);
+    int64_t failed = tnt_task_failure(task, nbuf);
+    if (failed) {  /* an input holds no value: neither does the output */
+        tnt_task_wrote(task, nbuf, failed);
+        __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+        return;
+    }
     int w = starpu_worker_get_id();
     if (!single_threaded) {  /* one core per worker: no BLAS threads of its own */
         if (tnt_blas_threads)
@@ -211,6 +355,7 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
         }
         STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
     }
+    tnt_task_wrote(task, nbuf, 0);
     __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
 }
 
@@ -272,10 +417,13 @@ static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int 
    key0 + i and nbufs[i] handles/modes, consecutive in handles/modes. Product tasks are
    listed in gemm (9 ints each: task index, kind, ta, tb, m, n, k, double?, name id; by
    task index) with coef (alpha, beta); the others run the Python kernel of their key.
-   Returns how many tasks went in; *rc is StarPU's error for the next one. */
+   Returns how many tasks went in; out[0] counts them as they go (so the caller knows
+   even if it is interrupted right after this returns), out[1] is StarPU's error for
+   the first that did not. */
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
-                     int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *rc)
+                     int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *out)
 {
+    out[0] = 0;
     int off = 0, g = 0;
     for (int i = 0; i < n; i++) {
         int r;
@@ -287,12 +435,13 @@ int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *
             r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where);
         }
         if (r != 0) {
-            *rc = r;
+            out[1] = r;
             return i;
         }
+        out[0] = i + 1;
         off += nbufs[i];
     }
-    *rc = 0;
+    out[1] = 0;
     return n;
 }
 

@@ -1,20 +1,31 @@
 """The StarPU runtime behind a small boundary: register tiles, submit, wait.
 
-Tile memory is allocated by StarPU (handles registered with no home buffer) at a
-tile's first writer. A dead tile's handle keeps its memory as a spare for the next
-tile of the same size, until no compile has asked for that size for a while or
-``empty_cache()``. Kernels are Python callables run on StarPU's CPU workers; each
-receives torch tensors that view the tile buffers StarPU hands to the task. The
-matrix-product kernel (``kernels.Gemm``) is also run in C, calling BLAS with no
-Python callback, where torch's BLAS exports it.
+Tile memory is allocated by the shim (not by StarPU) when a tile is registered. A
+dead tile's handle keeps its memory as a spare for the next tile of the same size,
+until no compile has asked for that size for a while or ``empty_cache()``. Kernels
+are Python callables run on StarPU's CPU workers; each receives torch tensors that
+view the tile buffers StarPU hands to the task. The matrix-product kernel
+(``kernels.Gemm``) is also run in C, calling BLAS with no Python callback, where
+torch's BLAS exports it.
+
+Failures are tracked per tile value, not globally: a kernel that raises, or a tile
+with no memory, is a ``Failure``; the tiles its task writes hold that failure
+instead of a value, tasks reading such tiles skip their kernels and pass it on, and
+a readout of a value that holds one raises it. ``wait()`` raises the failures no
+readout has reported yet. Every blocking wait is done in short slices, so Ctrl-C
+(KeyboardInterrupt) gets through while tasks run.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 import os
+import signal
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -29,10 +40,85 @@ WHERE_CPU = 1 << 1  # STARPU_CPU
 
 TileSpec = tuple[int, torch.dtype, tuple[int, ...]]  # (nbytes, dtype, shape)
 SPARE_COMPILES = 4  # compiles a size of spare handles may go unasked for before they are freed
+SLICE_S = 0.05  # longest a blocking wait goes without looking at pending signals (Ctrl-C)
 
 
 class KernelError(RuntimeError):
-    """An exception raised inside a tile kernel, re-raised from wait()."""
+    """An exception raised inside a tile kernel, re-raised where a value that needs it is read."""
+
+
+class TileMemoryError(KernelError, MemoryError):
+    """A tile could not be allocated: raised where a value that needs it is read, or by wait()."""
+
+
+class Failure:
+    """Why some tiles hold no value: a kernel that raised (``exc``) or a tile that got
+    no memory (``nbytes``). ``op`` is the task name that failed; ``reported`` once
+    some readout or wait() raised it."""
+
+    __slots__ = ("op", "exc", "nbytes", "reported", "note")
+
+    def __init__(self, op: str | None, exc: BaseException | None = None, nbytes: int | None = None,
+                 note: str | None = None) -> None:
+        self.op, self.exc, self.nbytes, self.note = op, exc, nbytes, note
+        self.reported = False
+
+    def error(self) -> KernelError:
+        """A fresh exception for this failure (raising one instance twice would chain tracebacks)."""
+        if self.note is not None:
+            return KernelError(f"torch_nntile: {self.note}")
+        if self.nbytes is not None:
+            what = f"a tile of {self.op}" if self.op else "a tile"
+            return TileMemoryError(f"torch_nntile: not enough memory for {what}: you tried to allocate "
+                                   f"{self.nbytes} bytes ({_human(self.nbytes)})")
+        exc = self.exc
+        return KernelError(f"tile kernel of {self.op} failed: {type(exc).__name__}: {exc}")
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+class Done(threading.Event):
+    """Set once a readout's task has run; ``failure`` is then the id of the failure
+    its tiles held (0: they held values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failure = 0
+
+
+def _new_failure(f: Failure, reported: bool = False) -> int:
+    """Register a failure (from any thread); its id is what tiles carry."""
+    fid = next(_FAILURE_IDS)
+    f.reported = reported
+    _FAILURES[fid] = f
+    if not reported:
+        _UNREPORTED.append(f)
+    return fid
+
+
+def failure_error(fid: int) -> KernelError:
+    """The exception of failure ``fid``, now counted as reported.
+
+    Running out of memory is one condition, however many tiles it hit: the other
+    tiles that got no memory so far are reported with it (counted in the message).
+    """
+    f = _FAILURES[fid]
+    f.reported = True
+    err = f.error()
+    if f.nbytes is not None:
+        others = [g for g in list(_UNREPORTED) if g.nbytes is not None and not g.reported]
+        for g in others:
+            g.reported = True
+        if others:
+            n = len(others)
+            err.args = (f"{err.args[0]} (and {n} more tile{'s' if n > 1 else ''} got no memory)",)
+    err.__cause__ = f.exc
+    return err
 
 
 class Runtime:
@@ -60,6 +146,8 @@ class Runtime:
         self.paused = False
         self.where = WHERE_ANY
         self._next = 0
+        self.sent = 0  # tasks of the last submit() that reached StarPU (read when it raised)
+        self._abandoned = False
         # Matrix-product tiles call BLAS from C on the worker (no GIL) when the BLAS
         # that torch is linked with exports it and lets each worker keep it to one
         # thread; otherwise they run as torch calls.
@@ -73,22 +161,35 @@ class Runtime:
         # Handles whose tiles died are kept, with their memory, for new tiles of the same
         # size: a training loop then reuses last step's buffers instead of allocating
         # (and page-faulting) ~100 MB per step. Spares of a size no compile has asked
-        # for in SPARE_COMPILES compiles are unregistered (StarPU frees their memory).
-        self._size: dict[Any, tuple[int, int]] = {}
+        # for in SPARE_COMPILES compiles are unregistered (their memory freed). Tiles
+        # die on any thread (a kernel closure can hold the last reference), so the
+        # spares are guarded by a lock; reentrant, as a tile can die (garbage
+        # collection) while the lock is held.
+        self._size: dict[Any, tuple[int, int]] = {}  # every registered handle -> (items, item size)
         self._spares: dict[tuple[int, int], list[Any]] = {}
+        self._spare_lock = threading.RLock()
         self._wanted: dict[tuple[int, int], int] = {}  # size -> compile count when last asked for
         self._compiles = 0
+        self._alloc_ok = self.ffi.new("int *")
+        self._no_memory: dict[Any, Failure] = {}  # handles that got no memory -> their failure
+        self._unnamed: dict[Any, Failure] = {}  # ... whose failure awaits the name of the task writing it
+        self._dead_no_memory: list[Any] = []  # ... whose tiles died: unregistered at the next compile
         self.tasks_submitted = 0
         self._waited = (0, self.tasks_done())  # (submitted, done) at the last wait: progress counts from there
         # Idle StarPU workers poll (Debian's build has non-blocking drivers) and would
         # take the cores from the user's code, so workers are paused whenever nothing
         # is queued: by wait(), or by this thread once the tasks of a run drain (a
-        # readout waits for its value only, so work goes on after it returns).
+        # readout waits for its value only, so work goes on after it returns). The
+        # thread also tells wait() when everything submitted is done: wait() itself
+        # then blocks on a condition in slices, not inside StarPU, so Ctrl-C gets through.
         self._lock = threading.Lock()  # guards paused and every pause/resume
         self._epoch = 0  # submissions so far
+        self._drained = 0  # every task of submissions up to this one has run
+        self._idle = threading.Condition(threading.Lock())
         self._drain = threading.Event()
         self._pauser = threading.Thread(target=self._pause_when_drained, name="torch_nntile-pauser", daemon=True)
-        self.pause()
+        self.lib.tnt_pause()
+        self.paused = True
         self._pauser.start()
         global _CURRENT
         _CURRENT = self
@@ -97,34 +198,63 @@ class Runtime:
     def register(self, nelems: int, elemsize: int) -> Any:
         """A handle for a tile of ``nelems`` items: a spare of that size, else a new one.
 
-        A spare's old content is garbage; every tile's first task writes it (W).
+        A spare's old content is garbage; every tile's first task writes it (W). A
+        tile that gets no memory, even after the spares are freed, still gets a
+        handle: the values that need it fail when read (``TileMemoryError``).
         """
         stats.tiles_added(1)
         key = (max(nelems, 1), elemsize)
         self._wanted[key] = self._compiles
-        spares = self._spares.get(key)
-        if spares:
-            return spares.pop(0)  # the longest dead: its last readers are the likeliest done
-        h = self.lib.tnt_register(key[0], elemsize)
+        if key in self._spares:
+            with self._spare_lock:
+                spares = self._spares.get(key)
+                if spares:
+                    return spares.pop(0)  # the longest dead: its last readers are the likeliest done
+        ok = self._alloc_ok
+        h = self.lib.tnt_register(key[0], elemsize, ok)
+        if not ok[0] and self._spares:  # as PyTorch's caching allocators do: free the cache, try again
+            self.lib.tnt_unregister_now(h)
+            self._free_spares_now()
+            h = self.lib.tnt_register(key[0], elemsize, ok)
         self._size[h] = key
         stats.COUNTS["tiles_registered"] += 1
+        if not ok[0]:
+            f = Failure(None, nbytes=key[0] * elemsize)
+            self.lib.tnt_set_no_memory(h, _new_failure(f))
+            self._no_memory[h] = self._unnamed[h] = f
         return h
 
+    def _free_spares_now(self) -> None:
+        """Wait for every task, then unregister the spares and free their memory at once."""
+        self.pause()
+        with self._spare_lock:
+            spares, self._spares = self._spares, {}
+        for handles in spares.values():
+            for h in handles:
+                del self._size[h]
+                self.lib.tnt_unregister_now(h)
+
     def spare_count(self) -> int:
-        return sum(len(v) for v in self._spares.values())
+        with self._spare_lock:
+            return sum(len(v) for v in self._spares.values())
 
     def release(self, handles: list[Any]) -> None:
         """Return dead tiles' handles to the spares (safe from any thread, after shutdown too)."""
         if self.alive:
             stats.tiles_added(-len(handles))
-            size, spares = self._size, self._spares
-            for h in handles:
-                spares.setdefault(size[h], []).append(h)
+            size, spares, bad = self._size, self._spares, self._no_memory
+            with self._spare_lock:
+                for h in handles:
+                    if bad and h in bad:  # never reused: a new tile of that size may find memory
+                        self._dead_no_memory.append(h)
+                    else:
+                        spares.setdefault(size[h], []).append(h)
 
     def empty_cache(self) -> None:
-        """Unregister every spare handle now (StarPU frees their memory)."""
+        """Unregister every spare handle now (their memory is freed once their last tasks ran)."""
         self.check_alive()
-        spares, self._spares = self._spares, {}
+        with self._spare_lock:
+            spares, self._spares = self._spares, {}
         for handles in spares.values():
             self._unregister(handles)
 
@@ -134,26 +264,50 @@ class Runtime:
         now, wanted = self._compiles, self._wanted
         for key in [k for k, last in wanted.items() if now - last > keep]:
             del wanted[key]
-        for key in [k for k in self._spares if k not in wanted]:
-            self._unregister(self._spares.pop(key))
+        with self._spare_lock:
+            stale = [self._spares.pop(k) for k in [k for k in list(self._spares) if k not in wanted]]
+            dead, self._dead_no_memory = self._dead_no_memory, []
+        for h in dead:
+            self._no_memory.pop(h, None)
+            self._unnamed.pop(h, None)
+        for handles in [*stale, dead]:
+            self._unregister(handles)
 
     def _unregister(self, handles: list[Any]) -> None:
+        """Unregister handles after their submitted tasks; a task frees their memory."""
+        if not handles:
+            return
         unreg, size = self.lib.tnt_unregister_submit, self._size
         for h in handles:
             del size[h]
             unreg(h)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Tasks went in: let the workers run them, and the pauser pause them afterwards."""
+        with self._lock:
+            if self.paused:
+                self.lib.tnt_resume()
+                self.paused = False
+            self._epoch += 1
+        self._drain.set()
 
     # -- tasks ------------------------------------------------------------
     def submit(self, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
-               notify: threading.Event | None = None) -> None:
+               notify: Done | None = None) -> None:
         """Submit tasks (kernel, handles, modes, specs, name) in order; returns at once.
 
-        ``notify`` is set once the last task has run and been accounted for.
+        ``notify`` is set once the last task has run and been accounted for. If this
+        raises, ``self.sent`` says how many of the tasks reached StarPU; the tiles the
+        others would have written hold the error.
         """
+        self.sent = 0
         self.check_alive()
         if self.skip_starpu:
             stats.COUNTS["tasks_skipped"] += len(tasks)
             return
+        if self._unnamed:
+            self._name_failures(tasks)
         # The batch goes to StarPU in one C call that does not hold the GIL, so the
         # workers keep running (and Python kernels keep their turns) while it goes in.
         native = self.native_gemm and not _SKIP_KERNELS
@@ -190,24 +344,55 @@ class Runtime:
         self._next = key0 + n
         _CLOSURES.update(closures)
         ffi = self.ffi
-        rc = ffi.new("int *")
-        with self._lock:
-            done = self.lib.tnt_submit_batch(
-                n, key0, ffi.new("int[]", nbufs), ffi.new("tnt_handle[]", hs), ffi.new("int[]", ms),
-                len(gemm) // 9, ffi.new("int[]", gemm), ffi.new("double[]", coef), tracing, self.where, rc)
-            self.tasks_submitted += done
-            stats.COUNTS["tasks_submitted"] += done
-            if self.paused:
-                self.lib.tnt_resume()
-                self.paused = False
-            self._epoch += 1
-        self._drain.set()
+        out = ffi.new("int[2]")  # tasks that went in, StarPU's error
+        args = (n, key0, ffi.new("int[]", nbufs), ffi.new("tnt_handle[]", hs), ffi.new("int[]", ms),
+                len(gemm) // 9, ffi.new("int[]", gemm), ffi.new("double[]", coef), tracing, self.where, out)
+        try:
+            with self._lock:
+                try:
+                    self.lib.tnt_submit_batch(*args)
+                finally:
+                    done = self.sent = out[0]
+                    self.tasks_submitted += done
+                    stats.COUNTS["tasks_submitted"] += done
+                    if done and self.paused:
+                        self.lib.tnt_resume()
+                        self.paused = False
+                    self._epoch += 1
+            self._drain.set()
+        finally:
+            if out[0] < n:
+                for key in range(key0 + out[0], key0 + n):
+                    _CLOSURES.pop(key, None)
         if done < n:
-            for key in range(key0 + done, key0 + n):
-                _CLOSURES.pop(key, None)
-            raise RuntimeError(f"starpu_task_submit failed ({rc[0]}) for {tasks[done][4]}")
+            name = tasks[done][4]
+            err = RuntimeError(f"starpu_task_submit failed ({out[1]}) for {name}")
+            self._fail_writes(tasks[done:], Failure(name, err), reported=True)
+            raise err
+
+    def _fail_writes(self, tasks: list[Any], f: Failure, reported: bool) -> None:
+        """The tiles ``tasks`` would have written hold failure ``f`` (in order after their earlier tasks)."""
+        fid = _new_failure(f, reported)
+        for _fn, handles, modes, _specs, _name in tasks:
+            for h, m in zip(handles, modes):
+                if m & W:
+                    self.lib.tnt_submit_fail(h, fid)
+        self._kick()
+
+    def _name_failures(self, tasks: list[Any]) -> None:
+        """A tile without memory is named after the first task that writes it."""
+        unnamed = self._unnamed
+        for _fn, handles, _modes, _specs, name in tasks:
+            for h in handles:
+                f = unnamed.pop(h, None)
+                if f is not None:
+                    f.op = name
+                    if not unnamed:
+                        return
 
     def _pause_when_drained(self) -> None:
+        # Ctrl-C goes to the main thread (or another one that can act on it), not here.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         while True:
             self._drain.wait()
             with self._lock:
@@ -220,6 +405,31 @@ class Runtime:
                 if self.alive and epoch == self._epoch and not self.paused:
                     self.lib.tnt_pause()
                     self.paused = True
+            with self._idle:
+                if epoch > self._drained:
+                    self._drained = epoch
+                self._idle.notify_all()
+
+    def _wait_drained(self) -> int:
+        """Block until every task submitted so far has run; return that submission count.
+
+        Waits on the pauser's condition in slices: Ctrl-C raises KeyboardInterrupt here
+        within about SLICE_S while tasks still run (they go on).
+        """
+        with self._lock:
+            target = self._epoch
+        idle = self._idle
+        with idle:
+            while self._drained < target:
+                if not idle.wait(SLICE_S) and not self._pauser.is_alive():
+                    self.lib.tnt_wait_all()  # the pauser is gone (it never should be): wait here
+                    break
+        return target
+
+    def wait_for(self, done: threading.Event) -> None:
+        """Block until ``done`` is set, in slices (Ctrl-C gets through)."""
+        while not done.wait(SLICE_S):
+            pass
 
     @property
     def dry_run(self) -> str | None:
@@ -261,7 +471,8 @@ class Runtime:
                 trace.extend((keys[i], ids[nids[i]], workers[i], t0[i], t1[i]) for i in range(n))
 
     def wait(self, progress: Callable[[int, int], None] | None = None) -> None:
-        """Wait for every submitted task; raise the first kernel error, naming its op.
+        """Wait for every submitted task; raise the first failure no readout has reported
+        (a kernel's error naming its op, or a tile that got no memory).
 
         ``progress(done, total)`` is called about every 0.1 s while tasks remain.
         """
@@ -269,29 +480,34 @@ class Runtime:
         sub0, done0 = self._waited
         total = self.tasks_submitted - sub0
         if progress is not None:
-            while (done := self.tasks_done() - done0) < total and not _ERRORS:
+            while (done := self.tasks_done() - done0) < total:
                 progress(done, total)
                 time.sleep(0.1)
         self.pause()
         self._waited = (self.tasks_submitted, self.tasks_done())
         if progress is not None:
             progress(total, total)
-        self.raise_errors()
+        self.raise_unreported()
 
-    def raise_errors(self) -> None:
-        """Raise the first kernel error since the last call, naming its op."""
-        if _ERRORS:
-            errs = list(_ERRORS)
-            _ERRORS.clear()
-            name, exc = errs[0]
-            more = f" (and {len(errs) - 1} more failed tasks)" if len(errs) > 1 else ""
-            raise KernelError(f"tile kernel of {name} failed: {type(exc).__name__}: {exc}{more}") from exc
+    def raise_unreported(self) -> None:
+        """Raise the first failure not reported yet (counting the others in its message)."""
+        new = []
+        while _UNREPORTED:
+            f = _UNREPORTED.popleft()
+            if not f.reported:
+                f.reported = True
+                new.append(f)
+        if new:
+            err = new[0].error()
+            if len(new) > 1:
+                err.args = (f"{err.args[0]} (and {len(new) - 1} more failures)",)
+            raise err from new[0].exc
 
     def pause(self) -> None:
         """Wait for every submitted task, then keep the workers from polling."""
-        self.lib.tnt_wait_all()
+        target = self._wait_drained()
         with self._lock:
-            if not self.paused:
+            if not self.paused and self._epoch == target:
                 self.lib.tnt_pause()
                 self.paused = True
 
@@ -299,13 +515,28 @@ class Runtime:
         if not self.alive:
             raise RuntimeError("torch_nntile: the runtime context has been shut down")
 
-    def shutdown(self) -> None:
+    def abandon(self) -> None:
+        """From now on tasks that have not started skip their kernels (what they write
+        holds no value): for an exit, where nothing can read them any more."""
+        if not self._abandoned:
+            self._abandoned = True
+            fid = _new_failure(Failure(None, note="the context was shut down before this value was computed"),
+                               reported=True)
+            self.lib.tnt_set_abandon(fid)
+
+    def shutdown(self, abandon: bool = False) -> None:
+        """Wait for the submitted tasks (``abandon``: skip those not started), free every
+        tile's memory and stop StarPU. An interrupted wait abandons the rest."""
         if not self.alive:
             return
         try:
+            if abandon:
+                self.abandon()
             self.wait()
+        except BaseException:
+            self.abandon()
+            raise
         finally:
-            self.recycle(keep=-1)
             with self._lock:
                 if self.paused:
                     self.lib.tnt_resume()
@@ -314,16 +545,29 @@ class Runtime:
             self._drain.set()
             self._pauser.join()
             self.lib.tnt_wait_all()
+            # Every tile's memory is ours: free it (tensors of this context are dead now).
+            stats.tiles_added(-(len(self._size) - self.spare_count() - len(self._dead_no_memory)))
+            for h in self._size:
+                self.lib.tnt_unregister_now(h)
+            self._size.clear()
+            self._spares.clear()
+            self._no_memory.clear()
+            self._unnamed.clear()
+            self._dead_no_memory.clear()
             self._collect_native()
             stats.COLLECTORS.remove(self._collect_native)
             self.lib.tnt_shutdown()
             _TENSOR_CACHE.clear()
+            _WORKERS_READY.clear()
+            _CLOSURES.clear()
 
 
 _CURRENT: Runtime | None = None
-_CLOSURES: dict[int, tuple[Callable[..., None], list[TileSpec], str, threading.Event | None]] = {}
-_ERRORS: list[tuple[str, BaseException]] = []
-# (address, spec) -> tensor viewing that memory. StarPU reuses buffers, so the same
+_CLOSURES: dict[int, tuple[Callable[..., None], list[TileSpec], str, Done | None]] = {}
+_FAILURES: dict[int, Failure] = {}  # id -> failure; ids are what failed tiles carry
+_FAILURE_IDS = itertools.count(1)
+_UNREPORTED: collections.deque[Failure] = collections.deque()  # in the order they happened
+# (address, spec) -> tensor viewing that memory. Spares reuse buffers, so the same
 # tile comes back every step and building a tensor (~6 us) is paid once. The view
 # does not own the memory; kernels must not change a tile tensor's metadata.
 _TENSOR_CACHE: dict[tuple[int, TileSpec], torch.Tensor] = {}
@@ -342,40 +586,50 @@ def _bind_callback(ffi: Any) -> None:
     kstats = stats.KERNELS
     done = stats.DONE
 
-    @ffi.def_extern()
-    def _tnt_kernel(key: int, ptrs: Any, n: int, worker: int) -> None:  # noqa: ANN001
+    def _internal_error(exc_type: type, exc: BaseException, tb: Any) -> int:
+        """The callback itself failed (not the kernel): what the task writes fails too."""
+        return _new_failure(Failure("(runtime callback)", exc))
+
+    @ffi.def_extern(onerror=_internal_error)
+    def _tnt_kernel(key: int, ptrs: Any, n: int, worker: int, failed: int) -> int:  # noqa: ANN001
+        """Run the kernel of task ``key`` on its tiles, unless an input holds failure
+        ``failed``; return the failure what it wrote holds (0: none)."""
         fn, specs, name, notify = _CLOSURES.pop(key)
         try:
-            if worker not in _WORKERS_READY:
-                torch.set_num_threads(1)
-                _WORKERS_READY.add(worker)
-            tensors = []
-            for i in range(n):
-                spec = specs[i]
-                addr = ptrs[i]
-                t = cache.get((addr, spec))
-                if t is None:
-                    t = _tile_tensor(addr, spec)
-                tensors.append(t)
-            t0 = perf()
-            if not _SKIP_KERNELS:
-                fn(*tensors)
-            t1 = perf()
-            st = kstats[worker].get(name)
-            if st is None:
-                kstats[worker][name] = [1, t1 - t0]
-            else:
-                st[0] += 1
-                st[1] += t1 - t0
-            trace = stats.TRACE
-            if trace is not None:
-                trace.append((key, name, worker, t0, t1))
-        except BaseException as exc:  # noqa: BLE001 - re-raised from wait()
-            _ERRORS.append((name, exc))
+            if not failed:
+                if worker not in _WORKERS_READY:
+                    torch.set_num_threads(1)
+                    _WORKERS_READY.add(worker)
+                tensors = []
+                for i in range(n):
+                    spec = specs[i]
+                    addr = ptrs[i]
+                    t = cache.get((addr, spec))
+                    if t is None:
+                        t = _tile_tensor(addr, spec)
+                    tensors.append(t)
+                t0 = perf()
+                if not _SKIP_KERNELS:
+                    fn(*tensors)
+                t1 = perf()
+                st = kstats[worker].get(name)
+                if st is None:
+                    kstats[worker][name] = [1, t1 - t0]
+                else:
+                    st[0] += 1
+                    st[1] += t1 - t0
+                trace = stats.TRACE
+                if trace is not None:
+                    trace.append((key, name, worker, t0, t1))
+        except BaseException as exc:  # noqa: BLE001 - raised where its values are read
+            traceback.clear_frames(exc.__traceback__)  # keep the lines, drop the tiles and closures
+            failed = _new_failure(Failure(name, exc))
         finally:
             done[worker] += 1
             if notify is not None:
+                notify.failure = failed
                 notify.set()
+        return failed
 
 
 def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
+from torch_nntile import stats
 from torch_nntile.graph.axes import tiling_of
 from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
 
@@ -107,6 +108,7 @@ class Lowering:
         self.labels: dict[int, str] = {}  # id(array) -> label of the op that produced it (for dumps)
         self.ncpu = rt.ncpu
         self.ops: list[Any] = []  # the ops of this compile, in record order
+        self.op: Any = None  # the op being lowered
         self.op_index: dict[Any, int] = {}
 
     # -- planning ---------------------------------------------------------
@@ -136,9 +138,50 @@ class Lowering:
             for n in op.outputs:
                 tiling(n)
 
+    def whole(self, node: Any, dims: Iterable[int]) -> Tiling:
+        """The planned tiling of ``node`` with ``dims`` in one tile each: what an op
+        that needs those dims whole asks for (inputs are re-tiled to it)."""
+        planned = self.tiling(node)
+        dims = set(dims)
+        return tuple((s,) if d in dims else t for d, (s, t) in enumerate(zip(node.shape, planned)))
+
+    # -- lowering one op ----------------------------------------------------
+    def lower(self, op: Any) -> None:
+        """Emit ``op``'s tasks, leaving its outputs in their planned tilings.
+
+        An op may write an output in another tiling (``output(node, tiling)``); it is
+        re-tiled here. An op whose lowering fails gets tasks that raise its error
+        instead, so the values depending on it raise when read and the rest runs.
+        """
+        mark = len(self.tasks)
+        self.op = op
+        try:
+            op.opdef.lower(self, op)
+        except Exception as exc:  # noqa: BLE001 - a bug in one op must not stall the graph
+            del self.tasks[mark:]
+            self._fail(op, exc)
+        for node in op.outputs:
+            arr = self.values[node]
+            want = self.tiling(node)
+            if arr.tiling != want:
+                self.values[node] = self.retile(arr, want)
+
+    def _fail(self, op: Any, exc: Exception) -> None:
+        err = RuntimeError(f"lowering {op.label} failed: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+
+        def raise_error(*tiles: torch.Tensor) -> None:
+            raise err
+
+        for node in op.outputs:
+            arr = self.output(node)
+            for idx in arr.indices():
+                self.task(raise_error, [Arg(arr, idx, W)], op.label)
+
     # -- values -----------------------------------------------------------
-    def output(self, node: Any) -> TileArray:
-        arr = TileArray(self.rt, node.shape, node.dtype, self.tiling(node))
+    def output(self, node: Any, tiling: Tiling | None = None) -> TileArray:
+        """The tiles an op writes for ``node``: planned, or ``tiling`` (re-tiled after)."""
+        arr = TileArray(self.rt, node.shape, node.dtype, tiling if tiling is not None else self.tiling(node))
         self.values[node] = arr
         self.keep.append(arr)
         return arr
@@ -164,23 +207,32 @@ class Lowering:
         return arr
 
     def retile(self, src: TileArray, tiling: Tiling) -> TileArray:
-        """Copy a value into another tiling: one task per destination tile."""
+        """Copy a value into another tiling: one task per destination tile. Counted
+        per op (``metrics()["retiles"]``): a tiling an op could not use costs copies."""
+        stats.RETILES[self.op.label if self.op is not None else "?"] += 1
         dst = TileArray(self.rt, src.shape, src.dtype, tiling)
         self.keep.append(dst)
+        self.assemble(dst, [(src, (0,) * len(src.shape))], "retile")
+        return dst
+
+    def assemble(self, dst: TileArray, parts: list[tuple[TileArray, tuple[int, ...]]], name: str) -> None:
+        """Write every tile of ``dst`` from the values in ``parts``, each placed at an
+        offset in ``dst`` (a re-tiling, a concatenation): one task per ``dst`` tile,
+        reading the source tiles it overlaps and casting to ``dst``'s dtype."""
         for didx in dst.indices():
             dsl = dst.slices(didx)
-            parts, boxes = [], []
-            for sidx in src.indices():
-                ssl = src.slices(sidx)
-                box = [(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(dsl, ssl)]
-                if all(lo < hi for lo, hi in box):
-                    parts.append(Arg(src, sidx, R))
-                    boxes.append((
-                        tuple(slice(lo - d.start, hi - d.start) for (lo, hi), d in zip(box, dsl)),
-                        tuple(slice(lo - s.start, hi - s.start) for (lo, hi), s in zip(box, ssl)),
-                    ))
-            self.task(_retile_kernel(boxes), [Arg(dst, didx, W), *parts], "retile")
-        return dst
+            args, boxes = [], []
+            for src, off in parts:
+                for sidx in src.indices():
+                    ssl = tuple(slice(a.start + o, a.stop + o) for a, o in zip(src.slices(sidx), off))
+                    box = [(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(dsl, ssl)]
+                    if all(lo < hi for lo, hi in box):
+                        args.append(Arg(src, sidx, R))
+                        boxes.append((
+                            tuple(slice(lo - d.start, hi - d.start) for (lo, hi), d in zip(box, dsl)),
+                            tuple(slice(lo - s.start, hi - s.start) for (lo, hi), s in zip(box, ssl)),
+                        ))
+            self.task(_box_kernel(boxes), [Arg(dst, didx, W), *args], name)
 
     # -- tasks ------------------------------------------------------------
     def task(self, fn: Callable[..., None], args: list[Arg], name: str) -> None:
@@ -206,7 +258,7 @@ class Lowering:
         self.keep = []
 
 
-def _retile_kernel(boxes: list[tuple[tuple[slice, ...], tuple[slice, ...]]]) -> Callable[..., None]:
+def _box_kernel(boxes: list[tuple[tuple[slice, ...], tuple[slice, ...]]]) -> Callable[..., None]:
     def kernel(dst: torch.Tensor, *srcs: torch.Tensor) -> None:
         for (dsl, ssl), s in zip(boxes, srcs):
             dst[dsl].copy_(s[ssl])

@@ -1,0 +1,319 @@
+"""ATen table: factories, fills, copies and casts, random fills, index ops, cat, and
+views (computed on Meta, aliasing their base's storage)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torch_nntile.backend.aten import META, Scalar, aten, check_live, defop, promote, register, type_name
+from torch_nntile.backend.device import (
+    DEVICE,
+    cast,
+    from_cpu,
+    is_nntile,
+    new_tensor,
+    read,
+    reserve,
+    resize,
+    resize_output,
+    to_cpu,
+    write,
+)
+from torch_nntile.graph.axes import new_group
+from torch_nntile.graph.nodes import DataNode
+from torch_nntile.ops import reduce, views
+from torch_nntile.ops.base import whole_op, wrap_dim
+from torch_nntile.ops.data import arange, fill, ingress
+from torch_nntile.ops.views import expand
+from torch_nntile.session import SESSION_STATE
+
+# -- fills, copies, conversions --------------------------------------------------
+
+
+def _fill_value(value: Any) -> Scalar:
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor with {value.dim()} dimensions.")
+        return value.item() if value.device.type != DEVICE else to_cpu(value).item()
+    return value
+
+
+@defop("fill.Scalar", "fill.Tensor")
+def _fill(self: torch.Tensor, value: Any) -> DataNode:
+    return fill(tuple(self.shape), self.dtype, _fill_value(value))
+
+
+@defop("zero.default")
+def _zero(self: torch.Tensor) -> DataNode:
+    return fill(tuple(self.shape), self.dtype, 0)
+
+
+def _empty(size: Any, dtype: torch.dtype | None = None, layout: Any = None, device: Any = None,
+           pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
+    check_live()
+    dt = dtype or torch.get_default_dtype()
+    shape = tuple(int(s) for s in size)
+    if any(s < 0 for s in shape):
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
+    return new_tensor(fill(shape, dt, 0))
+
+
+def _empty_strided(size: Any, stride: Any, dtype: torch.dtype | None = None, layout: Any = None,
+                   device: Any = None, pin_memory: Any = None) -> torch.Tensor:
+    return _empty(size, dtype)
+
+
+register("empty.memory_format", _empty)
+register("_efficientzerotensor", _empty)  # autograd's zero gradients: plain zeros here
+register("empty_strided", _empty_strided)
+
+
+def _copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    check_live()
+    if self.device.type != DEVICE:
+        return self.copy_(to_cpu(src))
+    value = read(src) if is_nntile(src) else ingress(src)
+    write(self, value)
+    return self
+
+
+register("copy_", _copy_)
+
+
+def _to_copy(self: torch.Tensor, *, dtype: torch.dtype | None = None, layout: Any = None, device: Any = None,
+             pin_memory: Any = None, non_blocking: bool = False, memory_format: Any = None) -> torch.Tensor:
+    check_live()
+    dev = torch.device(device) if device is not None else self.device
+    if dev.type == DEVICE:
+        if self.device.type != DEVICE:
+            t = from_cpu(self if dtype is None else self.to(dtype))
+            return t
+        node = read(self)
+        return new_tensor(cast(node, dtype) if dtype is not None and dtype != node.dtype else node)
+    if dev.type != "cpu":
+        raise RuntimeError(f"torch_nntile: copies from nntile go to the CPU only, not to {dev}")
+    cpu = to_cpu(self)
+    return cpu.to(dtype) if dtype is not None else cpu
+
+
+register("_to_copy", _to_copy)
+
+
+def _clone(self: torch.Tensor, *, memory_format: Any = None) -> torch.Tensor:
+    check_live()
+    return new_tensor(read(self))  # values are immutable: a clone shares the node
+
+
+register("clone", _clone)
+
+
+def _arange_out(start: Scalar, end: Scalar, step: Scalar = 1, *, out: torch.Tensor) -> torch.Tensor:
+    check_live()
+    n = torch.arange(start, end, step, dtype=out.dtype, device="meta").shape[0]  # PyTorch's size rule and checks
+    resize_output(out, (n,))
+    write(out, arange(n, start, step, out.dtype))
+    return out
+
+
+register("arange.start_out", _arange_out)
+
+
+@defop("index_add.default")
+def _index_add(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
+               alpha: Scalar = 1) -> DataNode:
+    x, i, src = read(self), read(index), read(source)
+    d = wrap_dim(dim, len(x.shape))
+    torch.index_add(torch.empty(x.shape, dtype=x.dtype, device="meta"), d,
+                    torch.empty(i.shape, dtype=i.dtype, device="meta"),
+                    torch.empty(src.shape, dtype=src.dtype, device="meta"), alpha=alpha)  # PyTorch's checks
+    if len(src.shape) != len(x.shape) and src.numel > 1 or any(
+            a != b for k, (a, b) in enumerate(zip(x.shape, src.shape)) if k != d):
+        raise RuntimeError(f"source tensor shape must match self tensor shape, excluding the specified dimension. "
+                           f"Got self.shape = {list(x.shape)} source.shape = {list(src.shape)}")
+
+    def k(o: torch.Tensor, xt: torch.Tensor, it: torch.Tensor, st: torch.Tensor) -> None:
+        torch.index_add(xt, d, it, st, alpha=alpha, out=o)
+
+    return whole_op("index_add", k, [x, i, src], [(x.shape, x.dtype, x.axes)])[0]
+
+
+def _check_index(index: torch.Tensor, op: str) -> None:
+    if index.dim() > 1:
+        raise IndexError(f"{op}(): Index is supposed to be a vector")
+    if index.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError(f"{op}(): Expected dtype int32 or int64 for index")
+
+
+@defop("index_select.default", inplace=False)
+def _index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> DataNode:
+    x, i = read(self), read(index)
+    d = wrap_dim(dim, len(x.shape))
+    _check_index(index, "index_select")
+    shape = list(x.shape)
+    if shape:
+        shape[d] = i.numel
+
+    def k(o: torch.Tensor, xt: torch.Tensor, it: torch.Tensor) -> None:
+        torch.index_select(xt, d, it.reshape(-1), out=o)
+
+    axes = tuple(a if n != d else None for n, a in enumerate(x.axes))
+    return whole_op("index_select", k, [x, i], [(tuple(shape), x.dtype, _fill_axes(axes, shape))])[0]
+
+
+def _fill_axes(axes: tuple[Any, ...], shape: list[int]) -> tuple[Any, ...]:
+    """Kept groups where given, new groups for the dims an op makes (``None``)."""
+    return tuple(a if a is not None else new_group(s) for a, s in zip(axes, shape))
+
+
+@defop("masked_select.default", inplace=False)
+def _masked_select(self: torch.Tensor, mask: torch.Tensor) -> DataNode:
+    """The output's length depends on the mask's values: counting them waits for them."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError("masked_select: expected BoolTensor for mask")
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    x, m = read(self), read(mask)
+    bm = expand(m, tuple(shape)) if m.shape != tuple(shape) else m
+    n = int(SESSION_STATE.to_cpu(reduce.sum_op(bm, (), False, torch.int64)).item())
+
+    def k(o: torch.Tensor, xt: torch.Tensor, mt: torch.Tensor) -> None:
+        torch.masked_select(xt, mt, out=o)
+
+    return whole_op("masked_select", k, [x, m], [((n,), x.dtype, None)])[0]
+
+
+def _legacy_empty(t: torch.Tensor) -> bool:
+    return t.dim() == 1 and t.shape[0] == 0  # cat skips such tensors, whatever the others' shapes
+
+
+@defop("cat.default", inplace=False)
+def _cat(tensors: list[torch.Tensor], dim: int = 0) -> DataNode:
+    for i, t in enumerate(tensors):
+        if t.dim() == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    dtype = promote(*tensors)
+    kept = [(i, t) for i, t in enumerate(tensors) if not _legacy_empty(t)]
+    if not kept:
+        return cast(read(tensors[0]), dtype)
+    ref = kept[0][1]
+    d = wrap_dim(dim, ref.dim())
+    for i, t in kept[1:]:
+        if t.dim() != ref.dim():
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {ref.dim()} and {t.dim()}")
+        for k, (a, b) in enumerate(zip(ref.shape, t.shape)):
+            if k != d and a != b:
+                raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size {a} but got "
+                                   f"size {b} for tensor number {i} in the list.")
+    return views.cat([read(t) for _, t in kept], d, dtype)
+
+
+@defop("masked_scatter.default")
+def _masked_scatter(self: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> DataNode:
+    if mask.dtype != torch.bool:
+        raise RuntimeError("masked_scatter_ only supports boolean masks, but got mask with dtype "
+                           f"{str(mask.dtype).removeprefix('torch.')}")
+    if self.dtype != source.dtype:
+        raise RuntimeError(f"masked_scatter_: expected self and source to have same dtypes but got "
+                           f"{type_name(self.dtype)} and {type_name(source.dtype)}")
+    x, m, src = read(self), read(mask), read(source)
+    shape = tuple(torch.broadcast_shapes(x.shape, m.shape))
+
+    def k(o: torch.Tensor, xt: torch.Tensor, mt: torch.Tensor, st: torch.Tensor) -> None:
+        o.copy_(torch.masked_scatter(xt, mt, st))
+
+    return whole_op("masked_scatter", k, [x, m, src], [(shape, x.dtype, None)])[0]
+
+
+@defop("narrow_copy.default", inplace=False)
+def _narrow_copy(self: torch.Tensor, dim: int, start: int, length: int) -> DataNode:
+    # CPU's kernel: a negative dim is wrapped (IndexError), too large a one fails a check
+    # (RuntimeError); PyTorch's composite kernel, which other devices run, raises IndexError for both.
+    if dim < 0:
+        dim = wrap_dim(dim, self.dim())
+    elif dim >= self.dim():
+        raise RuntimeError("Expected dim < static_cast<int64_t>(self_sizes.size()) to be true, but got false.")
+    return read(self.narrow(dim, start, length))
+
+
+def _local_scalar_dense(self: torch.Tensor) -> Scalar:
+    check_live()
+    return to_cpu(self).item()
+
+
+register("_local_scalar_dense", _local_scalar_dense)
+
+
+def _random_inplace(name: str) -> None:
+    """In-place random fills draw from the CPU generator, then move the values in."""
+
+    base, _, ov = name.partition(".")
+    fill_ = getattr(getattr(aten, base), ov or "default")
+
+    def f(self: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        check_live()
+        cpu = torch.empty(tuple(self.shape), dtype=self.dtype)
+        fill_(cpu, *args, **kw)
+        write(self, ingress(cpu))
+        return self
+
+    register(name, f)
+
+
+for _name in ("normal_", "uniform_", "bernoulli_.float", "random_", "random_.from", "random_.to", "exponential_"):
+    _random_inplace(_name)
+
+
+# -- views: computed on Meta, aliasing the same storage -------------------------
+
+
+def _meta_view(op: Any) -> Callable[..., torch.Tensor]:
+    def f(*args: Any, **kw: Any) -> torch.Tensor:
+        return op.redispatch(META, *args, **kw)
+    return f
+
+
+for _name in ("view", "_reshape_alias"):
+    register(_name, _meta_view(getattr(aten, _name).default))
+
+
+def _as_strided(self: torch.Tensor, size: Any, stride: Any, storage_offset: int | None = None) -> torch.Tensor:
+    """A view of any geometry; one reaching past the storage raises as on CPU."""
+    offset = self.storage_offset() if storage_offset is None else storage_offset
+    need, have = _buf_extent(size, stride, offset) * self.element_size(), self.untyped_storage().nbytes()
+    if need > have:
+        raise RuntimeError(f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and "
+                           f"itemsize {self.element_size()} requiring a storage size of {need} are out of bounds "
+                           f"for storage of size {have}")
+    return aten.as_strided.default.redispatch(META, self, size, stride, storage_offset)
+
+
+register("as_strided", _as_strided)
+
+
+def _as_strided_(self: torch.Tensor, size: Any, stride: Any, storage_offset: int | None = None) -> torch.Tensor:
+    """In-place view (``squeeze_``, ``t_``, ... come here): new geometry, same storage."""
+    check_live()
+    offset = self.storage_offset() if storage_offset is None else storage_offset
+    reserve(self, _buf_extent(size, stride, offset))
+    return aten.as_strided_.default.redispatch(META, self, size, stride, storage_offset)
+
+
+def _buf_extent(size: Any, stride: Any, offset: int) -> int:
+    """Items of storage a geometry reaches (0 for an empty one)."""
+    if any(s == 0 for s in size):
+        return 0
+    return offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
+
+
+def _resize_(self: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
+    check_live()
+    if any(s < 0 for s in size):
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(size)}: {list(size)}")
+    resize(self, tuple(int(s) for s in size))
+    return self
+
+
+register("as_strided_", _as_strided_)
+register("resize_", _resize_)

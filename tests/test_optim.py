@@ -1,0 +1,278 @@
+"""torch.optim optimizers on nntile parameters match the same optimizer on CPU step by
+step, natively (no CPU fallback); plus the elementwise and ``_foreach_*`` ops they use."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import RTOL, assert_close, check_op, rel_err
+from torch import nn
+
+import torch_nntile
+
+torch.manual_seed(0)
+A = torch.randn(12, 10)
+B = torch.randn(12, 10)
+ROW = torch.randn(10)
+TILES = [None, {(0, 0): [5, 4, 3], (0, 1): 5}]
+TILE_IDS = ["untiled", "tiled"]
+
+NEW_ELEMENTWISE = {
+    "maximum": (torch.maximum, [A, B]),
+    "minimum_row": (torch.minimum, [A, ROW]),
+    "maximum_cpu_scalar": (lambda a: torch.maximum(a, torch.tensor(0.25)), [A]),
+    "clamp": (lambda a: torch.clamp(a, -0.5, 0.75), [A]),
+    "clamp_min_only": (lambda a: torch.clamp(a, min=-0.1), [A]),
+    "clamp_tensor": (lambda a, b: torch.clamp(a, min=b, max=b + 1), [A, B]),
+    "clamp_tensor_max_only": (lambda a, r: torch.clamp(a, max=r), [A, ROW]),
+    "clamp_tensor_cpu_min": (lambda a: torch.clamp(a, min=torch.tensor(-0.2)), [A]),
+    "clamp_min": (lambda a: torch.clamp_min(a, 0.3), [A]),
+    "clamp_max_tensor": (lambda a, r: torch.clamp_max(a, r), [A, ROW]),
+    "lerp_tensor": (lambda a, b, w: torch.lerp(a, b, w.sigmoid()), [A, B, ROW]),
+    "lerp_cpu_weight": (lambda a, b: torch.lerp(a, b, torch.tensor(0.3)), [A, B]),
+    "pow_scalar_base": (lambda a: torch.pow(2.0, a), [A]),
+    "square": (torch.square, [A]),
+    # what the backward of the ops above and of sigmoid / tanh asks for
+    "masked_fill": (lambda a: a.masked_fill(a > 0.5, 2.0), [A]),
+    "masked_fill_cpu_value": (lambda a: a.masked_fill(a < 0, torch.tensor(-1.0)), [A]),
+    "masked_fill_row_mask": (lambda a, m: a.masked_fill(m, 0.0), [A, ROW > 0]),
+    "logical": (lambda a, b: torch.where(torch.logical_or(torch.logical_and(a > 0, torch.logical_not(b > 0)),
+                                                          torch.logical_xor(a > 1, b < 0)),
+                                         a, b), [A, B]),
+    "sigmoid": (torch.sigmoid, [A]),
+    "tanh": (torch.tanh, [A]),
+}
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=TILE_IDS)
+@pytest.mark.parametrize("name", list(NEW_ELEMENTWISE))
+def test_optimizer_elementwise_ops(name, tiles):
+    fn, inputs = NEW_ELEMENTWISE[name]
+    check_op(fn, inputs, tiles)
+
+
+def test_inplace_and_out_forms():
+    """The forms defop's naming rule does not derive: pow_, clamp.Tensor_out, lerp.Tensor_out."""
+    a, b = A.to("nntile"), B.to("nntile")
+    assert_close(a.clone().pow_(2).cpu(), A.pow(2))
+    assert_close(a.abs().pow_(b).cpu(), A.abs().pow(B))
+    out = torch.empty(12, 10, device="nntile")
+    torch.clamp(a, min=b, max=b + 1, out=out)
+    assert_close(out.cpu(), torch.clamp(A, min=B, max=B + 1))
+    torch.lerp(a, b, b.sigmoid(), out=out)
+    assert_close(out.cpu(), torch.lerp(A, B, B.sigmoid()))
+    torch.maximum(a, b, out=out)
+    assert_close(out.cpu(), torch.maximum(A, B))
+    empty = torch.empty(0, device="nntile")
+    torch.clamp(a, min=b, out=empty)  # an out= tensor of zero elements is resized, as on CPU
+    assert_close(empty.cpu(), torch.clamp(A, min=B))
+    c = a.clone()
+    c.clamp_(-0.2, 0.2)
+    assert_close(c.cpu(), A.clamp(-0.2, 0.2))
+    c.masked_fill_(c > 0.1, 5.0)
+    assert_close(c.cpu(), A.clamp(-0.2, 0.2).masked_fill(A.clamp(-0.2, 0.2) > 0.1, 5.0))
+    g = torch.empty(12, 10, device="nntile")
+    torch.ops.aten.sigmoid_backward.grad_input(b, a, grad_input=g)
+    assert_close(g.cpu(), torch.ops.aten.sigmoid_backward(B, A))
+    with pytest.raises(RuntimeError, match="boolean masks"):
+        a.masked_fill(b, 1.0)
+    with pytest.raises(RuntimeError, match="At least one of 'min' or 'max'"):
+        torch.clamp(a)
+
+
+# -- _foreach_* overloads ---------------------------------------------------------
+
+SHAPES = [(12, 10), (10,), (3, 4, 5)]
+
+
+def _lists(k: int) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """``k`` lists of CPU tensors (positive, so that sqrt / pow / div stay finite) and their nntile copies."""
+    g = torch.Generator().manual_seed(k)
+    cpu = [[torch.rand(s, generator=g) + 0.5 for s in SHAPES] for _ in range(k)]
+    return cpu, [[t.to("nntile") for t in lst] for lst in cpu]
+
+
+FOREACH = {
+    "addcmul_Scalar": lambda s, a, b: torch._foreach_addcmul_(s, a, b, value=-0.5),
+    "addcmul_ScalarList": lambda s, a, b: torch._foreach_addcmul_(s, a, b, [0.5, -1.0, 2.0]),
+    "addcmul_Tensor": lambda s, a, b: torch._foreach_addcmul_(s, a, b, torch.tensor([0.5, -1.0, 2.0])),
+    "addcdiv_ScalarList": lambda s, a, b: torch._foreach_addcdiv_(s, a, b, [0.5, -1.0, 2.0]),
+    "addcdiv_Tensor": lambda s, a, b: torch._foreach_addcdiv_(s, a, b, torch.tensor([0.5, -1.0, 2.0])),
+    "addcmul": lambda s, a, b: torch._foreach_addcmul(s, a, b, value=2),
+    "maximum_List": lambda s, a, b: torch._foreach_maximum_(s, a),
+    "maximum_Scalar": lambda s, a, b: torch._foreach_maximum_(s, 0.9),
+    "minimum_ScalarList": lambda s, a, b: torch._foreach_minimum(s, [0.6, 0.9, 1.2]),
+    "clamp_min_List": lambda s, a, b: torch._foreach_clamp_min(s, b),
+    "pow_Scalar": lambda s, a, b: torch._foreach_pow(s, 0.5),
+    "pow_List": lambda s, a, b: torch._foreach_pow_(s, a),
+    "pow_ScalarAndTensor": lambda s, a, b: torch._foreach_pow(0.9, s),
+    "lerp_Scalar": lambda s, a, b: torch._foreach_lerp_(s, a, 0.1),
+    "lerp_List": lambda s, a, b: torch._foreach_lerp_(s, a, b),
+    "lerp_ScalarList": lambda s, a, b: torch._foreach_lerp(s, a, [0.1, 0.5, 0.9]),
+    "div_Tensor_cpu0d": lambda s, a, b: torch._foreach_div_(s, torch.tensor(3.0)),
+    "add_List_alpha": lambda s, a, b: torch._foreach_add_(s, a, alpha=-0.5),
+    "sub_ScalarList": lambda s, a, b: torch._foreach_sub(s, [1, 2, 3]),
+    "sqrt": lambda s, a, b: torch._foreach_sqrt(s),
+    "reciprocal_": lambda s, a, b: torch._foreach_reciprocal_(s),
+    "exp_": lambda s, a, b: torch._foreach_exp_(s),
+    "copy_": lambda s, a, b: torch._foreach_copy_(s, b),
+    "zero_": lambda s, a, b: torch._foreach_zero_(s),
+    "clone": lambda s, a, b: torch._foreach_clone(s),
+}
+
+
+@pytest.mark.parametrize("name", list(FOREACH))
+def test_foreach(name):
+    fn = FOREACH[name]
+    (cs, ca, cb), (ns, na, nb) = _lists(3)
+    want = fn(cs, ca, cb)
+    got = fn(ns, na, nb)
+    assert (want is None) == (got is None)
+    for w, g in zip(want if want is not None else cs, got if got is not None else ns):
+        assert g.device.type == "nntile"
+        assert_close(g.cpu(), w)
+
+
+def test_foreach_length_mismatch_raises():
+    _, (ns, na, _) = _lists(3)
+    with pytest.raises(RuntimeError, match="same number of tensors"):
+        torch._foreach_add_(ns, na[:2])
+
+
+# -- optimizers -------------------------------------------------------------------
+
+OPTIMIZERS = {
+    "sgd": ("SGD", dict(lr=0.1)),
+    "sgd_momentum_wd": ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01, foreach=False)),
+    "sgd_nesterov_foreach": ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, foreach=True)),
+    "sgd_dampening_maximize": ("SGD", dict(lr=0.05, momentum=0.5, dampening=0.1, maximize=True)),
+    "adam": ("Adam", dict(lr=0.01, foreach=False)),
+    "adam_foreach": ("Adam", dict(lr=0.01, foreach=True)),
+    "adam_amsgrad_wd": ("Adam", dict(lr=0.01, amsgrad=True, weight_decay=0.01, foreach=False)),
+    "adam_amsgrad_foreach": ("Adam", dict(lr=0.01, amsgrad=True, weight_decay=0.01, foreach=True)),
+    "adamw": ("AdamW", dict(lr=0.01, foreach=False)),
+    "adamw_foreach": ("AdamW", dict(lr=0.01, foreach=True)),
+    "adamw_amsgrad": ("AdamW", dict(lr=0.01, amsgrad=True, foreach=False)),
+    "adamw_amsgrad_foreach_maximize": ("AdamW", dict(lr=0.01, amsgrad=True, foreach=True, maximize=True)),
+    "rmsprop": ("RMSprop", dict(lr=0.01, foreach=False)),
+    "rmsprop_foreach": ("RMSprop", dict(lr=0.01, foreach=True)),
+    # centered RMSprop's first steps are near sign descent: at lr=0.01 the sign of near-zero gradient
+    # entries, set by summation order, moves CPU itself by 1.6e-5 between two batch splits
+    "rmsprop_centered_momentum": ("RMSprop", dict(lr=0.001, momentum=0.9, centered=True, weight_decay=0.01,
+                                                  foreach=False)),
+    "rmsprop_centered_momentum_foreach": ("RMSprop", dict(lr=0.001, momentum=0.9, centered=True, weight_decay=0.01,
+                                                          foreach=True)),
+    "adagrad": ("Adagrad", dict(lr=0.1, foreach=False)),
+    "adagrad_foreach": ("Adagrad", dict(lr=0.1, lr_decay=0.01, weight_decay=0.01, initial_accumulator_value=0.1,
+                                        foreach=True)),
+}
+BATCH_TILING = [None, [16, 20, 12]]
+BATCH_IDS = ["untiled", "tiled"]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+def _data(tiling: list[int] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(48, 16, generator=g), torch.randint(0, 8, (48,), generator=g)
+    xn, yn = x.to("nntile"), y.to("nntile")
+    torch_nntile.set_axis_group_name(xn, {0: "batch"})
+    if tiling is not None:
+        torch_nntile.set_axis_group_tiling("batch", tiling)
+    return x, y, xn, yn
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _assert_params_close(model: nn.Module, ref: nn.Module, what: str) -> None:
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.device.type == "nntile"
+        err = rel_err(p.detach().cpu(), q.detach())
+        assert err <= RTOL, f"{what}: {name} relative error {err:.3g} > {RTOL}"
+
+
+@pytest.mark.parametrize("tiling", BATCH_TILING, ids=BATCH_IDS)
+@pytest.mark.parametrize("config", list(OPTIMIZERS))
+def test_optimizer_matches_cpu(config, tiling):
+    cls_name, kw = OPTIMIZERS[config]
+    cls = getattr(torch.optim, cls_name)
+    ref = _model()
+    model = copy.deepcopy(ref).to("nntile")
+    x, y, xn, yn = _data(tiling)
+    opt, ref_opt = cls(model.parameters(), **kw), cls(ref.parameters(), **kw)
+    start = [q.detach().clone() for q in ref.parameters()]
+    for step in range(10):
+        _step(model, opt, xn, yn)
+        _step(ref, ref_opt, x, y)
+        _assert_params_close(model, ref, f"step {step + 1}")
+    assert any(rel_err(q.detach(), s) > 1e-3 for q, s in zip(ref.parameters(), start)), "parameters did not move"
+    for p in model.parameters():
+        for key, v in opt.state[p].items():
+            if isinstance(v, torch.Tensor):
+                # the step count stays on the CPU (non-capturable optimizers); the moments live on nntile
+                assert v.device.type == ("cpu" if key == "step" else "nntile"), (key, v.device)
+
+
+@pytest.mark.parametrize("config", ["sgd_momentum_wd", "adamw_amsgrad_foreach_maximize", "rmsprop_centered_momentum",
+                                    "adagrad"])
+def test_state_dict_round_trip_continues_training(config):
+    """Save model and optimizer after 5 steps, load them into fresh nntile parameters and a
+    fresh optimizer, train 5 more: the same as 10 uninterrupted steps on CPU."""
+    cls_name, kw = OPTIMIZERS[config]
+    cls = getattr(torch.optim, cls_name)
+    ref = _model()
+    model = copy.deepcopy(ref).to("nntile")
+    x, y, xn, yn = _data([16, 32])
+    opt, ref_opt = cls(model.parameters(), **kw), cls(ref.parameters(), **kw)
+    for _ in range(5):
+        _step(model, opt, xn, yn)
+        _step(ref, ref_opt, x, y)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    del model, opt
+    buf.seek(0)
+    saved = torch.load(buf)
+    assert all(v.device.type == "nntile" for v in saved["model"].values())
+    model2 = _model().to("nntile")  # fresh parameters, other values until loaded
+    model2.load_state_dict(saved["model"])
+    opt2 = cls(model2.parameters(), **kw)
+    opt2.load_state_dict(saved["opt"])
+    for p, q in zip(model2.parameters(), ref.parameters()):
+        for key, v in ref_opt.state[q].items():
+            got = opt2.state[p][key]
+            if isinstance(v, torch.Tensor):
+                assert got.device.type == ("cpu" if key == "step" else "nntile"), (key, got.device)
+                assert_close(got.cpu(), v)
+    for step in range(5):
+        _step(model2, opt2, xn, yn)
+        _step(ref, ref_opt, x, y)
+        _assert_params_close(model2, ref, f"step {step + 6}")
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["for_loop", "foreach"])
+def test_capturable_adamw_counts_steps_on_device(foreach):
+    """capturable=True keeps ``step`` on nntile and computes the bias corrections there
+    (``_foreach_pow`` of a scalar base, ...); CPU cannot run that mode, so the
+    reference is the ordinary one."""
+    ref = _model()
+    model = copy.deepcopy(ref).to("nntile")
+    x, y, xn, yn = _data([16, 32])
+    kw = dict(lr=0.01, amsgrad=True, weight_decay=0.01, foreach=foreach)
+    opt, ref_opt = torch.optim.AdamW(model.parameters(), capturable=True, **kw), torch.optim.AdamW(ref.parameters(), **kw)
+    for step in range(5):
+        _step(model, opt, xn, yn)
+        _step(ref, ref_opt, x, y)
+        _assert_params_close(model, ref, f"step {step + 1}")
+    steps = [opt.state[p]["step"] for p in model.parameters()]
+    assert all(s.device.type == "nntile" and s.item() == 5 for s in steps)

@@ -1,0 +1,112 @@
+"""Tiling is a hint: an op that cannot use the tiling it meets re-tiles (counted) and
+gives CPU's answer; only an invalid tiling raises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_close, check_op
+
+import torch_nntile
+
+
+def _retiles() -> dict[str, int]:
+    torch_nntile.wait()
+    return torch_nntile.metrics()["retiles"]
+
+
+@pytest.mark.parametrize("tiling", [3, [1, 5]], ids=["even", "uneven"])
+def test_softmax_dim_tiled_is_retiled(tiling):
+    """log_softmax needs its dim whole in a tile: the input is re-tiled for it and
+    the output re-tiled back to the group's tiling, forward and backward."""
+    torch_nntile.reset_info()
+    check_op(lambda a: F.log_softmax(a, dim=1) * 2, [torch.randn(8, 6)], {(0, 1): tiling})
+    assert _retiles().get("_log_softmax", 0) >= 2
+
+
+def test_tiling_set_before_or_after_recording():
+    x = torch.randn(8, 6)
+    xn = x.to("nntile")
+    torch_nntile.set_axis_group_name(xn, {1: "classes_t"})
+    y = F.log_softmax(xn, dim=1)
+    torch_nntile.set_axis_group_tiling("classes_t", 4)  # accepted: the op re-tiles
+    assert "2 tiles [4, 2]" in torch_nntile.format_axis_groups()
+    assert_close(y.cpu(), F.log_softmax(x, dim=1))
+
+
+@pytest.mark.parametrize("shape, new, tiles", [
+    ((8, 6), (48,), {(0, 0): 4}),  # merge a tiled dim
+    ((8, 6), (2, 4, 6), {(0, 0): [3, 5]}),  # split a tiled dim, uneven
+    ((4, 6, 5), (24, 5), {(0, 0): 2, (0, 2): 2}),  # merge tiled dims, keep a tiled one
+    ((4, 6, 5), (4, 3, 2, 5), {(0, 1): 4, (0, 2): [2, 3]}),
+])
+def test_reshape_of_tiled_dims(shape, new, tiles):
+    check_op(lambda a: (a * 2).reshape(new) + 1, [torch.randn(shape)], tiles)
+
+
+def test_reshape_output_tiled_by_user():
+    """The groups a reshape creates can be named and tiled like any other."""
+    x = torch.randn(8, 12)
+    xn = x.to("nntile")
+    y = (xn * 3).reshape(8, 3, 4)
+    torch_nntile.set_axis_group_name(y, {1: "heads_t"})
+    torch_nntile.set_axis_group_tiling("heads_t", 2)
+    assert_close((y + 1).cpu(), (x * 3).reshape(8, 3, 4) + 1)
+
+
+def test_strided_view_into_tiled_group():
+    """A slice is gathered into one tile; merged into a tiled group by an add, it is
+    re-tiled instead of rejecting the group's tiling."""
+    x, z = torch.randn(10, 8), torch.randn(10, 4)
+    xn, zn = x.to("nntile"), z.to("nntile")
+    torch_nntile.set_axis_group_name(zn, {0: "rows_sv"})
+    torch_nntile.set_axis_group_tiling("rows_sv", [4, 6])
+    assert_close((xn[:, 2:6] + zn).cpu(), x[:, 2:6] + z)
+
+
+def test_nll_class_dim_and_weight_tiled():
+    x, w, t = torch.randn(5, 5), torch.rand(5) + 0.5, torch.tensor([0, 3, 2, 1, 4])
+    xc = x.clone().requires_grad_()
+    xn, wn = x.to("nntile").requires_grad_(), w.to("nntile")
+    for name, dev, tiling in (("rows_nll", xn, 2), ("classes_nll", wn, [2, 3])):
+        torch_nntile.set_axis_group_name(dev, {0: name})
+        torch_nntile.set_axis_group_tiling(name, tiling)
+    want = F.cross_entropy(xc, t, weight=w)
+    got = F.cross_entropy(xn, t.to("nntile"), weight=wn)
+    assert_close(got.cpu(), want.detach())
+    want.backward()
+    got.backward()
+    assert_close(xn.grad.cpu(), xc.grad)
+
+
+@pytest.mark.parametrize("tiles", [None, {(0, 0): 3}, {(0, 0): [2, 4], (0, 1): [3, 5]}],
+                         ids=["untiled", "rows", "rows_and_features"])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm(tiles, affine):
+    x = torch.randn(6, 8)
+    if affine:
+        w, b = torch.randn(8), torch.randn(8)
+        check_op(lambda a, w, b: F.layer_norm(a, (8,), w, b) * 3, [x, w, b], tiles)
+    else:
+        check_op(lambda a: F.layer_norm(a, (8,)) * 3, [x], tiles)
+
+
+def test_layer_norm_two_trailing_dims():
+    check_op(lambda a, w: F.layer_norm(a, (3, 4), w), [torch.randn(5, 3, 4), torch.randn(3, 4)], {(0, 0): 2})
+
+
+def test_dead_ops_are_not_lowered():
+    """``torch.ones`` records ``empty``'s zero fill, then the fill of ones: the first is
+    dead by compile time and gets no task; values still read right."""
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    x = torch.ones(6, device="nntile")
+    kept = x * 2
+    unused = x + 1
+    del unused  # recorded, then dropped before any compile: never computed
+    assert_close(kept.cpu(), torch.full((6,), 2.0))
+    torch_nntile.wait()
+    assert torch_nntile.info()["ops_pruned"] == 2  # the zero fill and the unused add
+    kernels = torch_nntile.metrics()["kernels"]
+    assert kernels["fill"]["tasks"] == 1 and "add" not in kernels
