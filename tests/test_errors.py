@@ -121,3 +121,15 @@ def test_use_after_shutdown_raises():
     lines = out.stdout.splitlines()
     assert lines[0] == "[2.0, 2.0, 2.0]"
     assert sum("shut down" in ln for ln in lines if ln.startswith("ERR")) == 2
+
+
+def test_kernel_error_is_also_the_kernels_exception_type():
+    """CPU raises IndexError for an index out of range; on nntile the kernel finds it, and
+    the error raised at the read-back is both a KernelError and an IndexError."""
+    x, i = torch.randn(3, 4), torch.tensor([0, 7])
+    with pytest.raises(IndexError):
+        torch.index_select(x, 0, i)
+    y = torch.index_select(x.to("nntile"), 0, i.to("nntile"))
+    with pytest.raises(IndexError, match="index_select.*out of range") as info:
+        y.cpu()
+    assert isinstance(info.value, torch_nntile.KernelError)

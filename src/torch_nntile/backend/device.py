@@ -1,7 +1,8 @@
 """The ``nntile`` device: registration, and the link from a tensor to its graph node.
 
-Every nntile tensor is a plain ``torch.Tensor`` with 0-byte storage. Its value is a
-``Buf`` hung on the storage object, so views, ``.detach()``, ``.data`` and
+Every nntile tensor is a plain ``torch.Tensor`` whose storage holds no bytes (it
+reports a CPU tensor's size; the data lives in tiles). Its value is a ``Buf`` hung on
+the storage object, so views, ``.detach()``, ``.data`` and
 autograd's saved tensors (which all share the storage) share it too. The Buf
 holds the current node of the *base* (the contiguous tensor the storage was made
 for); a view reads and writes through its geometry over that base.

@@ -44,7 +44,29 @@ SLICE_S = 0.05  # longest a blocking wait goes without looking at pending signal
 
 
 class KernelError(RuntimeError):
-    """An exception raised inside a tile kernel, re-raised where a value that needs it is read."""
+    """An exception raised inside a tile kernel, re-raised where a value that needs it is read.
+
+    It is also an instance of the kernel's exception type where that type allows
+    (``except IndexError`` catches an out-of-range index found by a kernel, as on CPU).
+    """
+
+    @staticmethod
+    def like(exc: BaseException, message: str) -> KernelError:
+        kind = type(exc)
+        cls = _KERNEL_ERRORS.get(kind)
+        if cls is None:
+            cls = KernelError
+            if issubclass(kind, Exception) and not issubclass(kind, KernelError):
+                try:
+                    cls = type("KernelError", (KernelError, kind), {"__module__": __name__})
+                    cls(message)
+                except TypeError:  # an exception type that cannot be mixed in or built from a message
+                    cls = KernelError
+            _KERNEL_ERRORS[kind] = cls
+        return cls(message)
+
+
+_KERNEL_ERRORS: dict[type, type[KernelError]] = {}
 
 
 class TileMemoryError(KernelError, MemoryError):
@@ -72,7 +94,7 @@ class Failure:
             return TileMemoryError(f"torch_nntile: not enough memory for {what}: you tried to allocate "
                                    f"{self.nbytes} bytes ({_human(self.nbytes)})")
         exc = self.exc
-        return KernelError(f"tile kernel of {self.op} failed: {type(exc).__name__}: {exc}")
+        return KernelError.like(exc, f"tile kernel of {self.op} failed: {type(exc).__name__}: {exc}")
 
 
 def _human(n: int) -> str:
