@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export STARPU_HOME ?= $(CURDIR)/.starpu
 export STARPU_SILENT ?= 1
 
-.PHONY: setup demo test test-all test-stress bench lint clean
+.PHONY: setup demo test test-all test-stress bench soak lint clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py
 	@pkg-config --exists starpu-1.3 || pkg-config --exists starpu-1.4 || \
@@ -38,6 +38,9 @@ test-stress: setup
 
 bench: setup
 	$(VPY) benchmarks/mlp_step.py
+
+soak: setup
+	$(VPY) benchmarks/soak.py
 
 lint: setup
 	$(VPY) -m ruff check src tests benchmarks examples scripts
