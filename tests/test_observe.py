@@ -21,8 +21,8 @@ import torch_nntile
 from torch_nntile.backend import fallback as _fallback_mod
 
 PHASES = {"record", "ingress", "fallback", "compile", "compile.axis_groups", "compile.lowering", "run", "wait", "readout"}
-INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "tiles_live", "tiles_peak", "tiles_registered", "tiles_spare",
-             "bytes_in", "bytes_out", "dry_run"}
+INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "ops_pruned", "tiles_live", "tiles_peak", "tiles_registered",
+             "tiles_spare", "bytes_in", "bytes_out", "dry_run"}
 
 _groups = itertools.count()
 
@@ -98,10 +98,10 @@ def test_info_keys_and_reset_zeroes_everything_but_live_tiles():
     d = torch_nntile.info()
     for p, v in d["phases"].items():
         assert v == {"calls": 0, "seconds": 0.0}, p
-    assert d["tasks_submitted"] == d["tasks_skipped"] == d["bytes_in"] == d["bytes_out"] == 0
+    assert d["tasks_submitted"] == d["tasks_skipped"] == d["ops_pruned"] == d["bytes_in"] == d["bytes_out"] == 0
     assert d["tiles_live"] == live and d["tiles_peak"] == live
     m = torch_nntile.metrics()
-    assert m["ops"] == {} and m["fallbacks"] == {} and m["kernels"] == {}
+    assert m["ops"] == {} and m["fallbacks"] == {} and m["kernels"] == {} and m["retiles"] == {}
     assert torch_nntile.fallback_counts() == {}
     del y, xn
 
