@@ -25,6 +25,7 @@ from conftest import assert_close
 
 import torch_nntile
 from torch_nntile.backend.device import new_tensor, read
+from torch_nntile.kernels import Kernel
 from torch_nntile.nn.model import DeepReLU
 from torch_nntile.ops.base import map_op
 
@@ -42,12 +43,13 @@ def _no_crash(stderr: str) -> None:
         assert mark not in stderr, stderr[-3000:]
 
 
+def _raise_in_kernel(exc: BaseException, out: torch.Tensor, a: torch.Tensor) -> None:
+    raise exc
+
+
 def _failing(x: torch.Tensor, exc: BaseException) -> torch.Tensor:
     """An nntile tensor like ``x`` whose kernel raises ``exc`` when it runs."""
-    def kernel(out: torch.Tensor, a: torch.Tensor) -> None:
-        raise exc
-
-    return new_tensor(map_op("boom", kernel, [read(x)], x.dtype))
+    return new_tensor(map_op("boom", Kernel(_raise_in_kernel, exc), [read(x)], x.dtype))
 
 
 # -- tiles that get no memory ------------------------------------------------------

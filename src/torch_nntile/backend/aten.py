@@ -24,7 +24,8 @@ from torch_nntile.backend.device import (
 )
 from torch_nntile.backend.fallback import run_fallback
 from torch_nntile.graph.nodes import DataNode
-from torch_nntile.ops.base import NotNative, map_op
+from torch_nntile.kernels import CpuScalar, Kernel
+from torch_nntile.ops.base import TILE, NotNative, call_out, map_op
 from torch_nntile.session import SESSION_STATE
 
 aten = torch.ops.aten
@@ -139,13 +140,12 @@ def write_inplace(t: torch.Tensor, value: DataNode) -> None:
 # -- operands ------------------------------------------------------------------
 
 
-def _operand(x: Any) -> DataNode | Scalar | torch.Tensor:
-    """A tensor argument as a node. Python numbers stay numbers and CPU 0-dim tensors
-    stay (copied: the caller may change them before the kernel runs) CPU tensors,
-    baked into the kernel, where they promote as in PyTorch."""
+def _operand(x: Any) -> DataNode | Any:
+    """A tensor argument as a node; a CPU 0-dim tensor as a ``CpuScalar`` (it promotes
+    as a tensor, and the caller may change it before the kernel runs); others as given."""
     if isinstance(x, torch.Tensor):
         if x.device.type != DEVICE and x.dim() == 0:
-            return x.detach().clone()
+            return CpuScalar(x)
         return read(x)
     return x
 
@@ -160,19 +160,16 @@ def as_floating(dt: torch.dtype) -> torch.dtype:
     return dt if dt.is_floating_point or dt.is_complex else torch.get_default_dtype()
 
 
-def ew(name: str, kernel: Callable[..., Any], args: list[Any], dtype: torch.dtype) -> DataNode:
-    """Elementwise op over tensor and scalar arguments; scalars are baked into the kernel."""
+def out_kernel(fn: Callable[..., Any], args: list[Any], **kw: Any) -> tuple[Kernel, list[DataNode]]:
+    """The kernel ``fn(*args, **kw, out=tile)`` with the tensor arguments replaced by
+    their tiles (the nodes returned, in order) and the others baked in as data."""
     vals = [_operand(a) for a in args]
-    nodes = [v for v in vals if isinstance(v, DataNode)]
-    if len(nodes) == len(vals):
-        return map_op(name, lambda o, *t: kernel(*t, out=o), nodes, dtype)
-    pos = [i for i, v in enumerate(vals) if isinstance(v, DataNode)]
-    consts = [None if isinstance(v, DataNode) else v for v in vals]  # the kernel must not keep input values alive
+    consts = tuple(TILE if isinstance(v, DataNode) else v for v in vals)  # the kernel keeps no input values alive
+    return Kernel(call_out, fn, tuple(kw.items()), consts), [v for v in vals if isinstance(v, DataNode)]
 
-    def k(o: torch.Tensor, *tiles: torch.Tensor) -> None:
-        full = list(consts)
-        for i, t in zip(pos, tiles):
-            full[i] = t
-        kernel(*full, out=o)
 
-    return map_op(name, k, nodes, dtype)
+def ew(name: str, fn: Callable[..., Any], args: list[Any], dtype: torch.dtype, **kw: Any) -> DataNode:
+    """Elementwise op: ``fn(*args, **kw, out=tile)`` per output tile over the (broadcast)
+    tiles of the tensor arguments."""
+    kernel, nodes = out_kernel(fn, args, **kw)
+    return map_op(name, kernel, nodes, dtype)

@@ -18,7 +18,8 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode
-from torch_nntile.ops.base import map_op
+from torch_nntile.kernels import Kernel
+from torch_nntile.ops.base import TILE, call_out, map_op
 from torch_nntile.ops.data import fill, ingress
 from torch_nntile.ops.views import expand, read_view, reshape, write_view
 from torch_nntile.session import SESSION_STATE
@@ -143,18 +144,14 @@ def _resolve_bits(t: torch.Tensor, base: DataNode) -> DataNode:
     key = (tuple(t.shape), t.stride(), t.storage_offset())
     v = base if key[0] == base.shape and t.is_contiguous() else read_view(base, *key)
     if t.is_conj():
-        v = map_op("_conj_physical", _conj_kernel, [v], v.dtype)
+        v = map_op("_conj_physical", _CONJ, [v], v.dtype)
     if t.is_neg():
-        v = map_op("neg", _neg_kernel, [v], v.dtype)
+        v = map_op("neg", _NEG, [v], v.dtype)
     return v
 
 
-def _conj_kernel(o: torch.Tensor, a: torch.Tensor) -> None:
-    torch.conj_physical(a, out=o)
-
-
-def _neg_kernel(o: torch.Tensor, a: torch.Tensor) -> None:
-    torch.neg(a, out=o)
+_CONJ = Kernel(call_out, torch.conj_physical, (), (TILE,))
+_NEG = Kernel(call_out, torch.neg, (), (TILE,))
 
 
 def read_transposable(t: torch.Tensor) -> tuple[DataNode, bool]:
@@ -255,12 +252,15 @@ def resize_output(t: torch.Tensor, shape: tuple[int, ...]) -> None:
     resize(t, shape)
 
 
-def _copy_kernel(o: torch.Tensor, a: torch.Tensor) -> None:
+def copy_tile(o: torch.Tensor, a: torch.Tensor) -> None:
     o.copy_(a)
 
 
+_COPY = Kernel(copy_tile)
+
+
 def cast(node: DataNode, dtype: torch.dtype) -> DataNode:
-    return map_op("_to_copy", _copy_kernel, [node], dtype)
+    return map_op("_to_copy", _COPY, [node], dtype)
 
 
 def to_cpu(t: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from torch_nntile.backend.aten import META, Scalar, aten, check_live, defop, promote, register, type_name
+from torch_nntile.backend.aten import META, Scalar, aten, check_live, defop, out_kernel, promote, register, type_name
 from torch_nntile.backend.device import (
     DEVICE,
     cast,
@@ -133,11 +133,8 @@ def _index_add(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
             a != b for k, (a, b) in enumerate(zip(x.shape, src.shape)) if k != d):
         raise RuntimeError(f"source tensor shape must match self tensor shape, excluding the specified dimension. "
                            f"Got self.shape = {list(x.shape)} source.shape = {list(src.shape)}")
-
-    def k(o: torch.Tensor, xt: torch.Tensor, it: torch.Tensor, st: torch.Tensor) -> None:
-        torch.index_add(xt, d, it, st, alpha=alpha, out=o)
-
-    return whole_op("index_add", k, [x, i, src], [(x.shape, x.dtype, x.axes)])[0]
+    kernel, nodes = out_kernel(torch.index_add, [self, d, index, source], alpha=alpha)
+    return whole_op("index_add", kernel, nodes, [(x.shape, x.dtype, x.axes)])[0]
 
 
 def _check_index(index: torch.Tensor, op: str) -> None:
@@ -155,12 +152,9 @@ def _index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> DataNode
     shape = list(x.shape)
     if shape:
         shape[d] = i.numel
-
-    def k(o: torch.Tensor, xt: torch.Tensor, it: torch.Tensor) -> None:
-        torch.index_select(xt, d, it.reshape(-1), out=o)
-
+    kernel, nodes = out_kernel(torch.index_select, [self, d, index])
     axes = tuple(a if n != d else None for n, a in enumerate(x.axes))
-    return whole_op("index_select", k, [x, i], [(tuple(shape), x.dtype, _fill_axes(axes, shape))])[0]
+    return whole_op("index_select", kernel, nodes, [(tuple(shape), x.dtype, _fill_axes(axes, shape))])[0]
 
 
 def _fill_axes(axes: tuple[Any, ...], shape: list[int]) -> tuple[Any, ...]:
@@ -177,11 +171,8 @@ def _masked_select(self: torch.Tensor, mask: torch.Tensor) -> DataNode:
     x, m = read(self), read(mask)
     bm = expand(m, tuple(shape)) if m.shape != tuple(shape) else m
     n = int(SESSION_STATE.to_cpu(reduce.sum_op(bm, (), False, torch.int64)).item())
-
-    def k(o: torch.Tensor, xt: torch.Tensor, mt: torch.Tensor) -> None:
-        torch.masked_select(xt, mt, out=o)
-
-    return whole_op("masked_select", k, [x, m], [((n,), x.dtype, None)])[0]
+    kernel, nodes = out_kernel(torch.masked_select, [self, mask])
+    return whole_op("masked_select", kernel, nodes, [((n,), x.dtype, None)])[0]
 
 
 def _legacy_empty(t: torch.Tensor) -> bool:
@@ -217,13 +208,9 @@ def _masked_scatter(self: torch.Tensor, mask: torch.Tensor, source: torch.Tensor
     if self.dtype != source.dtype:
         raise RuntimeError(f"masked_scatter_: expected self and source to have same dtypes but got "
                            f"{type_name(self.dtype)} and {type_name(source.dtype)}")
-    x, m, src = read(self), read(mask), read(source)
-    shape = tuple(torch.broadcast_shapes(x.shape, m.shape))
-
-    def k(o: torch.Tensor, xt: torch.Tensor, mt: torch.Tensor, st: torch.Tensor) -> None:
-        o.copy_(torch.masked_scatter(xt, mt, st))
-
-    return whole_op("masked_scatter", k, [x, m, src], [(shape, x.dtype, None)])[0]
+    shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))
+    kernel, nodes = out_kernel(aten.masked_scatter.out, [self, mask, source])
+    return whole_op("masked_scatter", kernel, nodes, [(shape, self.dtype, None)])[0]
 
 
 @defop("narrow_copy.default", inplace=False)

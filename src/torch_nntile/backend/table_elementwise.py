@@ -18,17 +18,17 @@ from torch_nntile.graph.nodes import DataNode
 def _add(self: Any, other: Any, alpha: Scalar = 1) -> DataNode:
     if alpha == 1:
         return ew("add", torch.add, [self, other], promote(self, other))
-    return ew("add", lambda a, b, out: torch.add(a, b, alpha=alpha, out=out), [self, other], promote(self, other))
+    return ew("add", torch.add, [self, other], promote(self, other), alpha=alpha)
 
 
 @defop("sub.Tensor", "sub.Scalar")
 def _sub(self: Any, other: Any, alpha: Scalar = 1) -> DataNode:
-    return ew("sub", lambda a, b, out: torch.sub(a, b, alpha=alpha, out=out), [self, other], promote(self, other))
+    return ew("sub", torch.sub, [self, other], promote(self, other), alpha=alpha)
 
 
 @defop("rsub.Tensor", "rsub.Scalar", inplace=False)
 def _rsub(self: Any, other: Any, alpha: Scalar = 1) -> DataNode:
-    return ew("rsub", lambda a, b, out: torch.sub(b, a, alpha=alpha, out=out), [self, other], promote(self, other))
+    return ew("rsub", torch.sub, [other, self], promote(self, other), alpha=alpha)
 
 
 @defop("mul.Tensor", "mul.Scalar")
@@ -44,7 +44,7 @@ def _div(self: Any, other: Any) -> DataNode:
 @defop("div.Tensor_mode", "div.Scalar_mode")
 def _div_mode(self: Any, other: Any, *, rounding_mode: str | None = None) -> DataNode:
     dt = promote(self, other) if rounding_mode else as_floating(promote(self, other))
-    return ew("div", lambda a, b, out: torch.div(a, b, rounding_mode=rounding_mode, out=out), [self, other], dt)
+    return ew("div", torch.div, [self, other], dt, rounding_mode=rounding_mode)
 
 
 @defop("pow.Tensor_Scalar", "pow.Tensor_Tensor")
@@ -52,11 +52,19 @@ def _pow(self: Any, exponent: Any) -> DataNode:
     return ew("pow", torch.pow, [self, exponent], promote(self, exponent))
 
 
+def grad_input_out(op: Any, *args: Any, out: torch.Tensor) -> None:
+    """The kernel of backward ops whose ``out=`` argument is named ``grad_input``."""
+    op(*args, grad_input=out)
+
+
+def relu_out(x: torch.Tensor, out: torch.Tensor) -> None:
+    torch.clamp_min(x, 0, out=out)
+
+
 @defop("threshold_backward.default")
 def _threshold_backward(grad_output: torch.Tensor, self: torch.Tensor, threshold: Scalar) -> DataNode:
-    return ew("threshold_backward",
-               lambda g, x, out: torch.ops.aten.threshold_backward.grad_input(g, x, threshold, grad_input=out),
-               [grad_output, self], grad_output.dtype)
+    return ew("threshold_backward", grad_input_out, [aten.threshold_backward.grad_input, grad_output, self, threshold],
+              grad_output.dtype)
 
 
 @defop("where.self", inplace=False)
@@ -75,7 +83,7 @@ def _unary(name: str, fn: Callable[..., Any], floating: bool = False) -> None:
 
 
 for _name, _fn, _fl in [
-    ("relu", lambda x, out: torch.clamp_min(x, 0, out=out), False),
+    ("relu", relu_out, False),
     ("neg", torch.neg, False), ("abs", torch.abs, False), ("sgn", torch.sgn, False), ("sign", torch.sign, False),
     ("exp", torch.exp, True), ("log", torch.log, True), ("sqrt", torch.sqrt, True),
     ("rsqrt", torch.rsqrt, True), ("tanh", torch.tanh, True), ("sigmoid", torch.sigmoid, True),
@@ -97,19 +105,17 @@ for _name, _fn in [("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", 
 
 @defop("addcmul.default")
 def _addcmul(self: Any, tensor1: Any, tensor2: Any, *, value: Scalar = 1) -> DataNode:
-    return ew("addcmul", lambda a, b, c, out: torch.addcmul(a, b, c, value=value, out=out),
-               [self, tensor1, tensor2], promote(self, tensor1, tensor2))
+    return ew("addcmul", torch.addcmul, [self, tensor1, tensor2], promote(self, tensor1, tensor2), value=value)
 
 
 @defop("addcdiv.default")
 def _addcdiv(self: Any, tensor1: Any, tensor2: Any, *, value: Scalar = 1) -> DataNode:
-    return ew("addcdiv", lambda a, b, c, out: torch.addcdiv(a, b, c, value=value, out=out),
-               [self, tensor1, tensor2], promote(self, tensor1, tensor2))
+    return ew("addcdiv", torch.addcdiv, [self, tensor1, tensor2], promote(self, tensor1, tensor2), value=value)
 
 
 @defop("lerp.Scalar")
 def _lerp(self: Any, end: Any, weight: Scalar) -> DataNode:
-    return ew("lerp", lambda a, b, out: torch.lerp(a, b, weight, out=out), [self, end], promote(self, end))
+    return ew("lerp", torch.lerp, [self, end, weight], promote(self, end))
 
 
 @defop("lerp.Tensor")
@@ -201,12 +207,11 @@ def _logical_not(self: torch.Tensor) -> DataNode:
 
 
 def _activation_backward(name: str) -> None:
-    kernel = getattr(aten, name).grad_input
+    op = getattr(aten, name).grad_input
 
     @defop(f"{name}.default", out=False)
     def f(grad_output: torch.Tensor, output: torch.Tensor) -> DataNode:
-        return ew(name, lambda g, y, out: kernel(g, y, grad_input=out), [grad_output, output],
-                   promote(grad_output, output))
+        return ew(name, grad_input_out, [op, grad_output, output], promote(grad_output, output))
 
     forms(f, out=f"{name}.grad_input")
 

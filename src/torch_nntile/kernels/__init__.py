@@ -1,16 +1,64 @@
-"""Tile kernels that the runtime can run natively, without Python.
+"""Tile kernels as data.
 
-Most kernels are plain Python callables over torch tensors (defined beside their
-ops). The ones here are also described as data, so that the runtime can run them
-in C on the StarPU worker (no interpreter, no GIL) when the platform allows; called
-as Python they give the same result through torch.
+Every tile task's kernel is data: a ``Kernel`` (a module-level function, defined
+beside its op, and the static parameters it is called with) or one of the kernels
+below that the runtime can also run in C on the StarPU worker (no interpreter, no
+GIL) when the platform allows; called as Python they give the same result through
+torch. Equal kernels compare equal, so a lowered step can be recognized, and a
+kernel's identity says which C implementation could run it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 import torch
+
+
+class Kernel:
+    """``fn(*params, *tiles)``: ``fn`` a module-level function, ``params`` its static
+    (hashable) parameters, the tiles the task's operands in order."""
+
+    __slots__ = ("fn", "params")
+
+    def __init__(self, fn: Callable[..., None], *params: Any) -> None:
+        self.fn, self.params = fn, params
+
+    def __call__(self, *tiles: torch.Tensor) -> None:
+        self.fn(*self.params, *tiles)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Kernel and other.fn is self.fn and other.params == self.params
+
+    def __hash__(self) -> int:
+        return hash((self.fn, self.params))
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.fn.__name__}{self.params!r})"
+
+
+class CpuScalar:
+    """A CPU 0-dim tensor an op was called with, as a kernel parameter: its value and
+    dtype (it promotes as a tensor, and the caller may change the tensor later)."""
+
+    __slots__ = ("value", "dtype")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.value, self.dtype = t.item(), t.dtype
+
+    def tensor(self) -> torch.Tensor:
+        return torch.tensor(self.value, dtype=self.dtype)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is CpuScalar and (other.value, other.dtype) == (self.value, self.dtype)
+
+    def __hash__(self) -> int:
+        return hash((self.value, self.dtype))
+
+    def __repr__(self) -> str:
+        return f"CpuScalar({self.value!r}, {self.dtype})"
 
 
 class Gemm:
@@ -60,3 +108,7 @@ def gemm(ta: bool, tb: bool, alpha: float, accumulate: bool, packed_b: bool = Fa
 @cache
 def pack_b(tb: bool, m: int, n: int, k: int, alpha: float) -> PackB:
     return PackB(tb, m, n, k, alpha)
+
+
+KernelData = Kernel | Gemm | PackB
+KERNEL_TYPES = (Kernel, Gemm, PackB)

@@ -14,9 +14,8 @@ import torch
 
 from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import SESSION, DataNode, OpNode
+from torch_nntile.kernels import CpuScalar, Kernel
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, TileArray, W
-
-Kernel = Callable[..., None]
 
 
 class NotNative(NotImplementedError):
@@ -129,8 +128,21 @@ def kernel_name(node: OpNode) -> str:
 MAP = Op("map", _lower_map, kernel_name)
 
 
+TILE = type("TileSlot", (), {"__repr__": lambda self: "TILE"})()
+"""Where ``call_out``'s arguments take the task's input tiles, in order."""
+
+
+def call_out(fn: Callable[..., Any], kw: tuple[tuple[str, Any], ...], args: tuple[Any, ...], o: torch.Tensor,
+             *tiles: torch.Tensor) -> None:
+    """The kernel of elementwise and whole-value ops: ``fn(*args, **kw, out=o)`` with
+    each ``TILE`` in ``args`` an input tile and each ``CpuScalar`` a 0-dim CPU tensor."""
+    it = iter(tiles)
+    full = [next(it) if a is TILE else a.tensor() if type(a) is CpuScalar else a for a in args]
+    fn(*full, **dict(kw), out=o)
+
+
 def map_op(name: str, fn: Kernel, inputs: list[DataNode], dtype: torch.dtype) -> DataNode:
-    """Record an elementwise op: ``fn(out_tile, *input_tiles)`` writes out_tile."""
+    """Record an elementwise op: kernel ``fn(out_tile, *input_tiles)`` writes out_tile."""
     shape, axes = broadcast_axes(inputs)
     return record(MAP, tuple(inputs), (fn, name), [(shape, dtype, axes)])[0]
 
@@ -160,8 +172,11 @@ def whole_op(name: str, fn: Kernel, inputs: list[DataNode],
 # -- reductions into one tile --------------------------------------------------
 
 
-def _add_kernel(acc: torch.Tensor, part: torch.Tensor) -> None:
+def add_into(acc: torch.Tensor, part: torch.Tensor) -> None:
     acc.add_(part)
+
+
+ADD_INTO = Kernel(add_into)
 
 
 LOOKAHEAD = 256  # ops scanned for independent work: bounds compile time on long graphs
@@ -231,7 +246,7 @@ def reduce_into(
         nxt = []
         for i in range(0, len(heads) - 1, 2):
             (a, ai), (b, bi) = heads[i], heads[i + 1]
-            ctx.task(_add_kernel, [Arg(a, ai, RW), Arg(b, bi, R)], name)
+            ctx.task(ADD_INTO, [Arg(a, ai, RW), Arg(b, bi, R)], name)
             nxt.append((a, ai))
         if len(heads) % 2:
             nxt.append(heads[-1])

@@ -6,17 +6,21 @@ import torch
 
 from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.kernels import Kernel
 from torch_nntile.ops.base import Op, record
 from torch_nntile.runtime.context import Done, Runtime, failure_error
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
+
+
+def copy_in(part: torch.Tensor, o: torch.Tensor) -> None:
+    o.copy_(part)
 
 
 def _lower_ingress(ctx: Lowering, node: OpNode) -> None:
     src: torch.Tensor = node.attrs
     out = ctx.output(node.outputs[0])
     for idx in out.indices():
-        part = src[out.slices(idx)]
-        ctx.task(lambda o, p=part: o.copy_(p), [Arg(out, idx, W)], "ingress")
+        ctx.task(Kernel(copy_in, src[out.slices(idx)]), [Arg(out, idx, W)], "ingress")
 
 
 INGRESS = Op("ingress", _lower_ingress)
@@ -33,11 +37,16 @@ def ingress(cpu: torch.Tensor) -> DataNode:
     return record(INGRESS, (), src, [(tuple(src.shape), src.dtype, None)])[0]
 
 
+def fill_tile(value: float | int | bool, o: torch.Tensor) -> None:
+    o.fill_(value)
+
+
 def _lower_fill(ctx: Lowering, node: OpNode) -> None:
     value = node.attrs
     out = ctx.output(node.outputs[0])
+    kernel = Kernel(fill_tile, value)
     for idx in out.indices():
-        ctx.task(lambda o: o.fill_(value), [Arg(out, idx, W)], "fill")
+        ctx.task(kernel, [Arg(out, idx, W)], "fill")
 
 
 FILL = Op("fill", _lower_fill)
@@ -47,22 +56,19 @@ def fill(shape: tuple[int, ...], dtype: torch.dtype, value: float | int | bool, 
     return record(FILL, (), value, [(shape, dtype, axes)])[0]
 
 
+def arange_tile(start: float | int, step: float | int, lo: int, exact: bool, o: torch.Tensor) -> None:
+    """Items ``lo`` on of ``start + i * step``; as on CPU, computed in double for floats."""
+    idx = torch.arange(lo, lo + o.shape[0], dtype=torch.int64 if exact else torch.float64)
+    o.copy_(idx * step + start)
+
+
 def _lower_arange(ctx: Lowering, node: OpNode) -> None:
     start, step = node.attrs
     out = ctx.output(node.outputs[0])
-    dtype = out.dtype
-    exact = not (dtype.is_floating_point or dtype.is_complex)
-
+    exact = not (out.dtype.is_floating_point or out.dtype.is_complex)
     for (i,) in out.indices():
         lo = out.offs[0][i]
-        hi = lo + out.tiling[0][i]
-
-        # as on CPU: element i is start + i * step, computed in double for floats
-        def k(o: torch.Tensor, lo: int = lo, hi: int = hi) -> None:
-            idx = torch.arange(lo, hi, dtype=torch.int64 if exact else torch.float64)
-            o.copy_(idx * step + start)
-
-        ctx.task(k, [Arg(out, (i,), W)], "arange")
+        ctx.task(Kernel(arange_tile, start, step, lo, exact), [Arg(out, (i,), W)], "arange")
 
 
 ARANGE = Op("arange", _lower_arange)
@@ -71,6 +77,11 @@ ARANGE = Op("arange", _lower_arange)
 def arange(n: int, start: float | int, step: float | int, dtype: torch.dtype) -> DataNode:
     """``start + i * step`` for i < n, tiled like any 1-D value."""
     return record(ARANGE, (), (start, step), [((n,), dtype, None)])[0]
+
+
+def copy_out(views: tuple[torch.Tensor, ...], *tiles: torch.Tensor) -> None:
+    for v, t in zip(views, tiles):
+        v.copy_(t)
 
 
 def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
@@ -96,13 +107,8 @@ def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
             idxs = list(arr.indices())
             views = [cpu[arr.slices(idx)] for idx in idxs]
             done = Done()
-
-            def copy_out(*tiles: torch.Tensor) -> None:
-                for v, t in zip(views, tiles):
-                    v.copy_(t)
-
             ctx = Lowering(rt)
-            ctx.task(copy_out, [Arg(arr, idx, R) for idx in idxs], "readout")
+            ctx.task(Kernel(copy_out, tuple(views)), [Arg(arr, idx, R) for idx in idxs], "readout")
             rt.submit(ctx.tasks, notify=done)
             t1 = stats.enter()
             try:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from functools import cache
 
 import torch
 
 from torch_nntile.graph.axes import union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import gemm, pack_b
+from torch_nntile.kernels import Kernel, gemm, pack_b
 from torch_nntile.ops.base import Op, input_index, record, reduce_into, split_chains
 from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
 
@@ -44,7 +43,7 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
             args.append(Arg(b, bidx, R))
             if k == 0 and bias is not None:
                 args.append(Arg(bias, input_index(bias, (i, j), 2), R))
-                write = _mm_bias_kernel(ta, tb, alpha, beta)
+                write = Kernel(addmm_tile, ta, tb, alpha, beta)
             else:
                 write = gemm(ta, tb, alpha, False)
             parts.append((write, gemm(ta, tb, alpha, True), args))
@@ -65,11 +64,9 @@ def _packed_b(ctx: Lowering, packs: dict, b: TileArray, bidx: tuple[int, int], t
     return packs[key]
 
 
-@cache
-def _mm_bias_kernel(ta: bool, tb: bool, alpha: float, beta: float):
-    def k(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor) -> None:
-        torch.addmm(bias, x.t() if ta else x, y.t() if tb else y, beta=beta, alpha=alpha, out=o)
-    return k
+def addmm_tile(ta: bool, tb: bool, alpha: float, beta: float, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+               bias: torch.Tensor) -> None:
+    torch.addmm(bias, x.t() if ta else x, y.t() if tb else y, beta=beta, alpha=alpha, out=o)
 
 
 def _mm_cost(node: OpNode) -> float:

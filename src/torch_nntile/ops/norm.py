@@ -10,6 +10,7 @@ import torch
 
 from torch_nntile.graph.axes import new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.kernels import Kernel
 from torch_nntile.ops.base import Op, record, reduce_into
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
@@ -25,6 +26,17 @@ def _affine_args(ctx: Lowering, nodes: tuple[DataNode, ...]) -> list[Arg]:
     return out
 
 
+def _affine(has_w: bool, has_b: bool, wb: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    it = iter(wb)
+    return (next(it) if has_w else None), (next(it) if has_b else None)
+
+
+def layer_norm_tile(shape: tuple[int, ...], eps: float, has_w: bool, has_b: bool, o: torch.Tensor, m: torch.Tensor,
+                    r: torch.Tensor, t: torch.Tensor, *wb: torch.Tensor) -> None:
+    w, b = _affine(has_w, has_b, wb)
+    _aten.native_layer_norm.out(t, list(shape), w, b, eps, out0=o, out1=m, out2=r)
+
+
 def _lower_layer_norm(ctx: Lowering, node: OpNode) -> None:
     k, eps, has_w, has_b = node.attrs
     xn = node.inputs[0]
@@ -34,14 +46,7 @@ def _lower_layer_norm(ctx: Lowering, node: OpNode) -> None:
     y = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], trailing))
     mean, rstd = ctx.output(node.outputs[1]), ctx.output(node.outputs[2])
     affine = _affine_args(ctx, node.inputs[1:])
-    shape = list(xn.shape[nd - k:])
-
-    def kernel(o: torch.Tensor, m: torch.Tensor, r: torch.Tensor, t: torch.Tensor, *wb: torch.Tensor) -> None:
-        it = iter(wb)
-        w = next(it) if has_w else None
-        b = next(it) if has_b else None
-        _aten.native_layer_norm.out(t, shape, w, b, eps, out0=o, out1=m, out2=r)
-
+    kernel = Kernel(layer_norm_tile, tuple(xn.shape[nd - k:]), eps, has_w, has_b)
     for idx in y.indices():
         ctx.task(kernel, [Arg(y, idx, W), Arg(mean, idx, W), Arg(rstd, idx, W), Arg(x, idx, R), *affine],
                  "native_layer_norm")
@@ -70,6 +75,23 @@ def layer_norm(x: DataNode, normalized_shape: tuple[int, ...], w: DataNode | Non
     return record(LAYER_NORM, inputs, (k, eps, w is not None, b is not None), [(x.shape, x.dtype, x.axes), *stats])
 
 
+def layer_norm_grad(which: int, shape: tuple[int, ...], has_w: bool, has_b: bool, g: torch.Tensor, x: torch.Tensor,
+                    m: torch.Tensor, r: torch.Tensor, wb: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Gradient ``which`` (0 input, 1 weight, 2 bias) of one tile of rows."""
+    w, b = _affine(has_w, has_b, wb)
+    return _aten.native_layer_norm_backward(g, x, list(shape), m, r, w, b, [i == which for i in range(3)])[which]
+
+
+def layer_norm_grad_tile(which: int, shape: tuple[int, ...], has_w: bool, has_b: bool, o: torch.Tensor,
+                         *ts: torch.Tensor) -> None:
+    o.copy_(layer_norm_grad(which, shape, has_w, has_b, *ts[:4], ts[4:]))
+
+
+def layer_norm_grad_tile_into(which: int, shape: tuple[int, ...], has_w: bool, has_b: bool, o: torch.Tensor,
+                              *ts: torch.Tensor) -> None:
+    o.add_(layer_norm_grad(which, shape, has_w, has_b, *ts[:4], ts[4:]))
+
+
 def _lower_layer_norm_backward(ctx: Lowering, node: OpNode) -> None:
     k, mask, has_w, has_b = node.attrs
     gn, xn, mn, rn = node.inputs[:4]
@@ -78,40 +100,22 @@ def _lower_layer_norm_backward(ctx: Lowering, node: OpNode) -> None:
     g, x = ctx.input(gn, ctx.whole(gn, trailing)), ctx.input(xn, ctx.whole(xn, trailing))
     mean, rstd = ctx.input(mn), ctx.input(rn)
     affine = _affine_args(ctx, node.inputs[4:])
-    shape = list(xn.shape[nd - k:])
+    shape = tuple(xn.shape[nd - k:])
     outs = iter(node.outputs)
-
-    def grads(which: int, t_g: torch.Tensor, t_x: torch.Tensor, m: torch.Tensor, r: torch.Tensor,
-              wb: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        it = iter(wb)
-        w = next(it) if has_w else None
-        b = next(it) if has_b else None
-        sel = [i == which for i in range(3)]
-        return _aten.native_layer_norm_backward(t_g, t_x, shape, m, r, w, b, sel)[which]
-
     rows = [(idx, [Arg(g, idx, R), Arg(x, idx, R), Arg(mean, idx, R), Arg(rstd, idx, R), *affine])
             for idx in x.indices()]
     if mask[0]:
         gx = ctx.output(next(outs), ctx.whole(xn, trailing))
-
-        def grad_input(o: torch.Tensor, *ts: torch.Tensor) -> None:
-            o.copy_(grads(0, *ts[:4], ts[4:]))
-
+        kernel = Kernel(layer_norm_grad_tile, 0, shape, has_w, has_b)
         for idx, args in rows:
-            ctx.task(grad_input, [Arg(gx, idx, W), *args], "native_layer_norm_backward")
+            ctx.task(kernel, [Arg(gx, idx, W), *args], "native_layer_norm_backward")
     for which in (1, 2):
         if not mask[which]:
             continue
         out = ctx.output(next(outs), tuple((s,) for s in shape))
-
-        def write(o: torch.Tensor, *ts: torch.Tensor, which: int = which) -> None:
-            o.copy_(grads(which, *ts[:4], ts[4:]))
-
-        def acc(o: torch.Tensor, *ts: torch.Tensor, which: int = which) -> None:
-            o.add_(grads(which, *ts[:4], ts[4:]))
-
-        parts = [(write, acc, args) for _, args in rows]
-        reduce_into(ctx, out, (0,) * k, parts, "native_layer_norm_backward", 1)
+        write = Kernel(layer_norm_grad_tile, which, shape, has_w, has_b)
+        acc = Kernel(layer_norm_grad_tile_into, which, shape, has_w, has_b)
+        reduce_into(ctx, out, (0,) * k, [(write, acc, args) for _, args in rows], "native_layer_norm_backward", 1)
 
 
 LAYER_NORM_BACKWARD = Op("native_layer_norm_backward", _lower_layer_norm_backward,

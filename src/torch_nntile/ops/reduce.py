@@ -9,6 +9,7 @@ import torch
 
 from torch_nntile.graph.axes import new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.kernels import Kernel
 from torch_nntile.ops.base import (
     NotNative,
     Op,
@@ -20,10 +21,23 @@ from torch_nntile.ops.base import (
     wrap_dim,
     wrap_dims,
 )
+from torch_nntile.ops.data import fill_tile
 from torch_nntile.ops.views import reshape
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
 
 # -- sum / mean over dims ------------------------------------------------------
+
+
+def sum_tile(dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype, o: torch.Tensor, t: torch.Tensor) -> None:
+    torch.sum(t, dims, keepdim=keepdim, dtype=dtype, out=o)
+
+
+def sum_tile_into(dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype, o: torch.Tensor, t: torch.Tensor) -> None:
+    o.add_(torch.sum(t, dims, keepdim=keepdim, dtype=dtype))
+
+
+def scale_tile(scale: float, o: torch.Tensor) -> None:
+    o.mul_(scale)
 
 
 def _lower_sum(ctx: Lowering, node: OpNode) -> None:
@@ -33,15 +47,9 @@ def _lower_sum(ctx: Lowering, node: OpNode) -> None:
     kept = [d for d in range(len(x.shape)) if d not in dims]
     rgrids = [range(x.grid[d]) for d in dims]
     nchains = split_chains(ctx, node, math.prod(len(r) for r in rgrids), math.prod(out.grid))
-    odt = out.dtype
-
-    def write(o: torch.Tensor, t: torch.Tensor) -> None:
-        torch.sum(t, dims, keepdim=keepdim, dtype=odt, out=o)
-
-    def acc(o: torch.Tensor, t: torch.Tensor) -> None:
-        o.add_(torch.sum(t, dims, keepdim=keepdim, dtype=odt))
-
-    finish = None if scale == 1 else (lambda o: o.mul_(scale))
+    write = Kernel(sum_tile, dims, keepdim, out.dtype)
+    acc = Kernel(sum_tile_into, dims, keepdim, out.dtype)
+    finish = None if scale == 1 else Kernel(scale_tile, scale)
     for oidx in out.indices():
         kept_idx = [oidx[d] for d in kept] if keepdim else list(oidx)
         parts = []
@@ -90,28 +98,52 @@ ROWWISE = Op("rowwise", _lower_rowwise, kernel_name)
 """Same-shape inputs and output, computed tile by tile with ``dims`` whole in a tile."""
 
 
+def log_softmax_tile(dim: int, o: torch.Tensor, t: torch.Tensor) -> None:
+    torch.ops.aten._log_softmax.out(t, dim, False, out=o)
+
+
+def log_softmax_backward_tile(dim: int, dtype: torch.dtype, o: torch.Tensor, g: torch.Tensor, y: torch.Tensor) -> None:
+    torch.ops.aten._log_softmax_backward_data.out(g, y, dim, dtype, out=o)
+
+
 def log_softmax(x: DataNode, dim: int) -> DataNode:
     dim = wrap_dim(dim, len(x.shape))
-
-    def k(o: torch.Tensor, t: torch.Tensor) -> None:
-        torch.ops.aten._log_softmax.out(t, dim, False, out=o)
-
-    return record(ROWWISE, (x,), (k, "_log_softmax", (dim,)), [(x.shape, x.dtype, x.axes)])[0]
+    return record(ROWWISE, (x,), (Kernel(log_softmax_tile, dim), "_log_softmax", (dim,)), [(x.shape, x.dtype, x.axes)])[0]
 
 
 def log_softmax_backward(grad: DataNode, out: DataNode, dim: int, in_dtype: torch.dtype) -> DataNode:
     dim = wrap_dim(dim, len(out.shape))
-
-    def k(o: torch.Tensor, g: torch.Tensor, y: torch.Tensor) -> None:
-        torch.ops.aten._log_softmax_backward_data.out(g, y, dim, in_dtype, out=o)
-
     shape, axes = broadcast_axes([grad, out])
-    return record(ROWWISE, (grad, out), (k, "_log_softmax_backward_data", (dim,)), [(shape, in_dtype, axes)])[0]
+    kernel = Kernel(log_softmax_backward_tile, dim, in_dtype)
+    return record(ROWWISE, (grad, out), (kernel, "_log_softmax_backward_data", (dim,)), [(shape, in_dtype, axes)])[0]
 
 
 # -- negative log-likelihood, class dim last -----------------------------------
 
 NONE, MEAN, SUM_RED = 0, 1, 2
+
+
+def nll_tile(reduction: int, ignore_index: int, lo: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor,
+             *wt: torch.Tensor) -> None:
+    lo.copy_(torch.ops.aten.nll_loss_forward(xt, tt, wt[0] if wt else None, reduction, ignore_index)[0])
+
+
+def nll_weight_tile(ignore_index: int, two: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
+    mask = tt != ignore_index
+    two.copy_(mask.sum() if not wt else wt[0][tt[mask]].sum())
+
+
+def sum_of(acc: torch.Tensor, *parts: torch.Tensor) -> None:
+    acc.copy_(torch.stack(parts).sum())
+
+
+def divide_by(lo: torch.Tensor, two: torch.Tensor) -> None:
+    lo.div_(two)
+
+
+def nll_backward_tile(reduction: int, ignore_index: int, o: torch.Tensor, gt: torch.Tensor, xt: torch.Tensor,
+                      tt: torch.Tensor, twt: torch.Tensor, *wt: torch.Tensor) -> None:
+    o.copy_(torch.ops.aten.nll_loss_backward(gt, xt, tt, wt[0] if wt else None, reduction, ignore_index, twt))
 
 
 def _lower_nll(ctx: Lowering, node: OpNode) -> None:
@@ -123,29 +155,17 @@ def _lower_nll(ctx: Lowering, node: OpNode) -> None:
     nb = x.grid[0]
 
     if reduction == NONE:
-        def rows(lo: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
-            weight = wt[0] if wt else None
-            lo.copy_(torch.ops.aten.nll_loss_forward(xt, tt, weight, NONE, ignore_index)[0])
+        rows = Kernel(nll_tile, NONE, ignore_index)
         for i in range(nb):
             ctx.task(rows, [Arg(loss, (i,), W), Arg(x, (i, 0), R), Arg(t, (i,), R), *wargs], "nll_loss_forward")
-        ctx.task(lambda o: o.fill_(0), [Arg(tw, (), W)], "nll_loss_forward")
+        ctx.task(Kernel(fill_tile, 0), [Arg(tw, (), W)], "nll_loss_forward")
         return
 
     # The total weight depends on the targets only: computed apart from the loss,
     # the backward of one row tile need not wait for the forward of the others.
-    def weight_part(two: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
-        mask = tt != ignore_index
-        two.copy_(mask.sum() if not wt else wt[0][tt[mask]].sum())
-
-    def loss_part(lo: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
-        weight = wt[0] if wt else None
-        lo.copy_(torch.ops.aten.nll_loss_forward(xt, tt, weight, SUM_RED, ignore_index)[0])
-
-    def total(acc: torch.Tensor, *parts: torch.Tensor) -> None:
-        acc.copy_(torch.stack(parts).sum())
-
-    def mean(lo: torch.Tensor, two: torch.Tensor) -> None:
-        lo.div_(two)
+    weight_part = Kernel(nll_weight_tile, ignore_index)
+    loss_part = Kernel(nll_tile, SUM_RED, ignore_index)
+    total, mean = Kernel(sum_of), Kernel(divide_by)
 
     if nb == 1:
         ctx.task(weight_part, [Arg(tw, (), W), Arg(t, (0,), R), *wargs], "nll_loss_forward")
@@ -200,11 +220,7 @@ def _lower_nll_backward(ctx: Lowering, node: OpNode) -> None:
     w = ctx.input(node.inputs[4], ctx.whole(node.inputs[4], (0,))) if len(node.inputs) > 4 else None
     out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], (1,)))
     wargs = [Arg(w, (0,), R)] if w is not None else []
-
-    def k(o: torch.Tensor, gt: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor, twt: torch.Tensor, *wt: torch.Tensor) -> None:
-        weight = wt[0] if wt else None
-        o.copy_(torch.ops.aten.nll_loss_backward(gt, xt, tt, weight, reduction, ignore_index, twt))
-
+    k = Kernel(nll_backward_tile, reduction, ignore_index)
     for i in range(out.grid[0]):
         gi = (i,) if reduction == NONE else ()
         ctx.task(k, [Arg(out, (i, 0), W), Arg(g, gi, R), Arg(x, (i, 0), R), Arg(t, (i,), R), Arg(tw, (), R), *wargs],

@@ -15,21 +15,27 @@ import torch
 
 from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.kernels import Kernel
 from torch_nntile.ops.base import Op, record
-from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
+from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 # -- permute -------------------------------------------------------------------
+
+
+def permute_tile(perm: tuple[int, ...], o: torch.Tensor, t: torch.Tensor) -> None:
+    o.copy_(t.permute(perm))
 
 
 def _lower_permute(ctx: Lowering, node: OpNode) -> None:
     perm = node.attrs
     x = ctx.input(node.inputs[0])
     out = ctx.output(node.outputs[0])
+    kernel = Kernel(permute_tile, perm)
     for idx in out.indices():
         xi = [0] * len(idx)
         for d, p in enumerate(perm):
             xi[p] = idx[d]
-        ctx.task(lambda o, t: o.copy_(t.permute(perm)), [Arg(out, idx, W), Arg(x, tuple(xi), R)], "permute")
+        ctx.task(kernel, [Arg(out, idx, W), Arg(x, tuple(xi), R)], "permute")
 
 
 PERMUTE = Op("permute", _lower_permute)
@@ -68,6 +74,13 @@ def _blocks(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], lis
     return out
 
 
+def reshape_tile(o: torch.Tensor, t: torch.Tensor) -> None:
+    o.copy_(t.reshape(o.shape))
+
+
+RESHAPE_TILE = Kernel(reshape_tile)
+
+
 def _lower_reshape(ctx: Lowering, node: OpNode) -> None:
     pairs = node.attrs  # (out dim, in dim) of dims mapped one to one
     xn, on = node.inputs[0], node.outputs[0]
@@ -79,8 +92,7 @@ def _lower_reshape(ctx: Lowering, node: OpNode) -> None:
         xi = [0] * len(x.shape)
         for od, xd in pairs:
             xi[xd] = idx[od]
-        shape = out.tile_shape(idx)
-        ctx.task(lambda o, t, s=shape: o.copy_(t.reshape(s)), [Arg(out, idx, W), Arg(x, tuple(xi), R)], "reshape")
+        ctx.task(RESHAPE_TILE, [Arg(out, idx, W), Arg(x, tuple(xi), R)], "reshape")
 
 
 RESHAPE = Op("reshape", _lower_reshape)
@@ -107,14 +119,20 @@ def reshape(x: DataNode, shape: tuple[int, ...]) -> DataNode:
 # -- expand --------------------------------------------------------------------
 
 
+def expand_tile(o: torch.Tensor, t: torch.Tensor) -> None:
+    o.copy_(t.expand(o.shape))
+
+
+EXPAND_TILE = Kernel(expand_tile)
+
+
 def _lower_expand(ctx: Lowering, node: OpNode) -> None:
     x = ctx.input(node.inputs[0])
     out = ctx.output(node.outputs[0])
     off = len(out.shape) - len(x.shape)
     for idx in out.indices():
         xi = tuple(0 if s == 1 else idx[off + d] for d, s in enumerate(x.shape))
-        shape = out.tile_shape(idx)
-        ctx.task(lambda o, t, s=shape: o.copy_(t.expand(s)), [Arg(out, idx, W), Arg(x, xi, R)], "expand")
+        ctx.task(EXPAND_TILE, [Arg(out, idx, W), Arg(x, xi, R)], "expand")
 
 
 EXPAND = Op("expand", _lower_expand)
@@ -170,54 +188,40 @@ def cat(xs: list[DataNode], dim: int, dtype: torch.dtype) -> DataNode:
     return record(CAT, tuple(xs), dim, [(tuple(shape), dtype, tuple(axes))])[0]
 
 
-# -- general strided views, gathered on one tile --------------------------------
+# -- general strided views, on the whole value in one tile --------------------------
 
 
-def gather(arr: TileArray, tiles: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Assemble a whole value from its tiles (inside a kernel)."""
-    if len(tiles) == 1:
-        return tiles[0]
-    full = torch.empty(arr.shape, dtype=arr.dtype)
-    for idx, t in zip(arr.indices(), tiles):
-        full[arr.slices(idx)].copy_(t)
-    return full
+def _whole(n: DataNode) -> tuple[tuple[int, ...], ...]:
+    return tuple((s,) for s in n.shape)
 
 
-def _all(arr: TileArray, mode: int) -> list[Arg]:
-    return [Arg(arr, idx, mode) for idx in arr.indices()]
+def as_strided_tile(size: tuple[int, ...], stride: tuple[int, ...], offset: int, o: torch.Tensor,
+                    base: torch.Tensor) -> None:
+    o.copy_(base.reshape(-1).as_strided(size, stride, offset))
 
 
 def _lower_as_strided(ctx: Lowering, node: OpNode) -> None:
-    size, stride, offset = node.attrs
-    x = ctx.input(node.inputs[0])
-    out = ctx.output(node.outputs[0], tuple((s,) for s in size))  # one tile, re-tiled as planned
-    zero = (0,) * len(size)
-
-    def k(o: torch.Tensor, *tiles: torch.Tensor) -> None:
-        base = gather(x, tiles).reshape(-1)
-        o.copy_(base.as_strided(size, stride, offset))
-
-    ctx.task(k, [Arg(out, zero, W), *_all(x, R)], "as_strided")
+    xn, on = node.inputs[0], node.outputs[0]
+    x, out = ctx.input(xn, _whole(xn)), ctx.output(on, _whole(on))  # re-tiled as planned after
+    ctx.task(Kernel(as_strided_tile, *node.attrs), [Arg(out, (0,) * len(on.shape), W), Arg(x, (0,) * len(xn.shape), R)],
+             "as_strided")
 
 
 AS_STRIDED = Op("as_strided", _lower_as_strided)
 
 
+def as_strided_scatter_tile(size: tuple[int, ...], stride: tuple[int, ...], offset: int, o: torch.Tensor,
+                            base: torch.Tensor, src: torch.Tensor) -> None:
+    o.copy_(base)
+    o.reshape(-1).as_strided(size, stride, offset).copy_(src)
+
+
 def _lower_as_strided_scatter(ctx: Lowering, node: OpNode) -> None:
-    size, stride, offset = node.attrs
-    base, src = ctx.input(node.inputs[0]), ctx.input(node.inputs[1])
-    out = ctx.output(node.outputs[0])
-    nb = math.prod(base.grid)
-
-    def k(*tiles: torch.Tensor) -> None:
-        outs, rest = tiles[:nb], tiles[nb:]
-        full = gather(base, rest[:nb]).clone().reshape(-1)
-        full.as_strided(size, stride, offset).copy_(gather(src, rest[nb:]))
-        full = full.reshape(base.shape)
-        for idx, o in zip(out.indices(), outs):
-            o.copy_(full[out.slices(idx)])
-
-    ctx.task(k, [*_all(out, W), *_all(base, R), *_all(src, R)], "as_strided_scatter")
+    (bn, sn), on = node.inputs, node.outputs[0]
+    base, src, out = ctx.input(bn, _whole(bn)), ctx.input(sn, _whole(sn)), ctx.output(on, _whole(on))
+    zero = (0,) * len(on.shape)
+    ctx.task(Kernel(as_strided_scatter_tile, *node.attrs),
+             [Arg(out, zero, W), Arg(base, zero, R), Arg(src, (0,) * len(sn.shape), R)], "as_strided_scatter")
 
 
 AS_STRIDED_SCATTER = Op("as_strided_scatter", _lower_as_strided_scatter)

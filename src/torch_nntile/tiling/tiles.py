@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
 from torch_nntile import stats
 from torch_nntile.graph.axes import tiling_of
+from torch_nntile.kernels import KERNEL_TYPES, Kernel, KernelData
 from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
 
 Tiling = tuple[tuple[int, ...], ...]
@@ -100,7 +101,7 @@ class Lowering:
 
     def __init__(self, rt: Runtime | PlanHandles) -> None:
         self.rt = rt
-        self.tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]] = []
+        self.tasks: list[tuple[KernelData, list[Any], list[int], list[TileSpec], str]] = []
         self.values: dict[Any, TileArray] = {}  # node -> value produced in this compile
         self.keep: list[TileArray] = []  # every array a task uses stays registered until submitted
         self._tilings: dict[Any, tuple[int, ...]] = {}  # root group -> tile sizes
@@ -169,14 +170,10 @@ class Lowering:
     def _fail(self, op: Any, exc: Exception) -> None:
         err = RuntimeError(f"lowering {op.label} failed: {type(exc).__name__}: {exc}")
         err.__cause__ = exc
-
-        def raise_error(*tiles: torch.Tensor) -> None:
-            raise err
-
         for node in op.outputs:
             arr = self.output(node)
             for idx in arr.indices():
-                self.task(raise_error, [Arg(arr, idx, W)], op.label)
+                self.task(Kernel(_raise, err), [Arg(arr, idx, W)], op.label)
 
     # -- values -----------------------------------------------------------
     def output(self, node: Any, tiling: Tiling | None = None) -> TileArray:
@@ -229,13 +226,17 @@ class Lowering:
                     if all(lo < hi for lo, hi in box):
                         args.append(Arg(src, sidx, R))
                         boxes.append((
-                            tuple(slice(lo - d.start, hi - d.start) for (lo, hi), d in zip(box, dsl)),
-                            tuple(slice(lo - s.start, hi - s.start) for (lo, hi), s in zip(box, ssl)),
+                            tuple((lo - d.start, hi - d.start) for (lo, hi), d in zip(box, dsl)),
+                            tuple((lo - s.start, hi - s.start) for (lo, hi), s in zip(box, ssl)),
                         ))
-            self.task(_box_kernel(boxes), [Arg(dst, didx, W), *args], name)
+            self.task(Kernel(copy_boxes, tuple(boxes)), [Arg(dst, didx, W), *args], name)
 
     # -- tasks ------------------------------------------------------------
-    def task(self, fn: Callable[..., None], args: list[Arg], name: str) -> None:
+    def task(self, fn: KernelData, args: list[Arg], name: str) -> None:
+        """Add a task running kernel ``fn`` (data, never a closure: equal kernels must
+        compare equal for a lowered step to be recognized) on the tiles of ``args``."""
+        if type(fn) not in KERNEL_TYPES:
+            raise TypeError(f"tile kernel of {name} is a {type(fn).__name__}: kernels are Kernel, Gemm or PackB data")
         handles, modes, specs = [], [], []
         for a in args:
             arr = a.arr
@@ -258,11 +259,17 @@ class Lowering:
         self.keep = []
 
 
-def _box_kernel(boxes: list[tuple[tuple[slice, ...], tuple[slice, ...]]]) -> Callable[..., None]:
-    def kernel(dst: torch.Tensor, *srcs: torch.Tensor) -> None:
-        for (dsl, ssl), s in zip(boxes, srcs):
-            dst[dsl].copy_(s[ssl])
-    return kernel
+Box = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]  # (dst ranges, src ranges) per dim
+
+
+def copy_boxes(boxes: tuple[Box, ...], dst: torch.Tensor, *srcs: torch.Tensor) -> None:
+    """Copy a box of each source tile into a box of the destination tile."""
+    for (dbox, sbox), s in zip(boxes, srcs):
+        dst[tuple(slice(a, b) for a, b in dbox)].copy_(s[tuple(slice(a, b) for a, b in sbox)])
+
+
+def _raise(err: BaseException, *tiles: torch.Tensor) -> None:
+    raise err
 
 
 __all__ = ["Arg", "Lowering", "PlanHandles", "R", "RW", "TileArray", "Tiling", "W", "offsets"]
