@@ -9,11 +9,13 @@ import torch.nn.functional as F
 from conftest import assert_close, check_op
 
 import torch_nntile
+from torch_nntile.backend.device import read
 
 
 def _retiles() -> dict[str, int]:
+    """Re-tilings per op, all groups together."""
     torch_nntile.wait()
-    return torch_nntile.metrics()["retiles"]
+    return {op: sum(per.values()) for op, per in torch_nntile.metrics()["retiles"].items()}
 
 
 @pytest.mark.parametrize("tiling", [3, [1, 5]], ids=["even", "uneven"])
@@ -110,3 +112,53 @@ def test_dead_ops_are_not_lowered():
     assert torch_nntile.info()["ops_pruned"] == 2  # the zero fill and the unused add
     kernels = torch_nntile.metrics()["kernels"]
     assert kernels["fill"]["tasks"] == 1 and "add" not in kernels
+
+
+def test_head_split_keeps_the_hidden_tiling():
+    """[B, S, H*D] -> [B, S, H, D] with hidden tiles on head boundaries: the heads dim
+    takes the tiling (hidden tile / D), nothing is re-tiled, and merging back keeps it."""
+    b, s, h, d = 2, 5, 4, 8
+    x = torch.randn(b, s, h * d)
+    xn = x.to("nntile")
+    torch_nntile.set_axis_group_name(xn, {2: "hidden_h"})
+    torch_nntile.set_axis_group_tiling("hidden_h", [16, 8, 8])  # 2, 1 and 1 heads
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    heads = (xn * 2).reshape(b, s, h, d) + 0
+    merged = (heads.transpose(1, 2).contiguous().transpose(1, 2) + 1).reshape(b, s, h * d)
+    assert_close(merged.cpu(), (x * 2).reshape(b, s, h, d).reshape(b, s, h * d) + 1)
+    assert_close(heads.cpu(), (x * 2).reshape(b, s, h, d))
+    assert read(heads).value.tiling == ((b,), (s,), (2, 1, 1), (d,))
+    assert _retiles().get("reshape", 0) == 0, torch_nntile.metrics()["retiles"]
+
+
+def test_head_split_across_a_head_is_retiled_and_counted_per_group():
+    b, s, h, d = 2, 3, 4, 8
+    x = torch.randn(b, s, h * d)
+    xn = x.to("nntile")
+    torch_nntile.set_axis_group_name(xn, {2: "hidden_x"})
+    torch_nntile.set_axis_group_tiling("hidden_x", [12, 20])  # 12 is not a multiple of 8
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    y = (xn + 1).reshape(b, s, h, d) * 3
+    assert_close(y.cpu(), (x + 1).reshape(b, s, h, d) * 3)
+    torch_nntile.wait()
+    per_group = torch_nntile.metrics()["retiles"]["reshape"]
+    assert per_group == {"'hidden_x' (extent 32)": 1}, per_group
+    assert "hidden_x" in torch_nntile.metrics_report()
+
+
+def test_flatten_batch_and_sequence_keeps_the_batch_tiling():
+    """[B, S, V] -> [B*S, V] (the loss's view of the logits): B*S is tiled as B's tiles
+    times S when S is whole."""
+    x = torch.randn(6, 4, 10)
+    xn = x.to("nntile")
+    torch_nntile.set_axis_group_name(xn, {0: "batch_f", 2: "vocab_f"})
+    torch_nntile.set_axis_group_tiling("batch_f", [2, 4])
+    torch_nntile.set_axis_group_tiling("vocab_f", 5)
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    flat = (xn * 2).reshape(24, 10) + 1
+    assert_close(flat.cpu(), (x * 2).reshape(24, 10) + 1)
+    assert read(flat).value.tiling == ((8, 16), (5, 5))
+    assert _retiles().get("reshape", 0) == 0, torch_nntile.metrics()["retiles"]

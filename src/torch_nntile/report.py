@@ -113,7 +113,8 @@ def reset_info() -> None:
 def metrics() -> dict[str, Any]:
     """Recorded calls per ATen op, CPU fallbacks (count, first user source line),
     per tile kernel the task count and total kernel seconds (all workers), and per
-    op how many values were copied into another tiling because it could not use theirs."""
+    op and axis group how many values were copied into another tiling because the op
+    could not use theirs (``retiles``: op -> group -> count)."""
     stats.collect()
     kernels: dict[str, dict[str, float]] = {}
     for per_worker in stats.KERNELS:
@@ -126,9 +127,16 @@ def metrics() -> dict[str, Any]:
         "fallbacks": {op: {"count": n, "first_source": stats.FALLBACK_SOURCE.get(op, "<unknown>")}
                       for op, n in stats.FALLBACK_CALLS.items()},
         "kernels": kernels,
-        "retiles": dict(stats.RETILES),
+        "retiles": _retiles(),
         "dry_run": _dry_run(),
     }
+
+
+def _retiles() -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (op, group), n in stats.RETILES.items():
+        out.setdefault(op, {})[group] = n
+    return out
 
 
 def metrics_report() -> str:
@@ -144,9 +152,10 @@ def metrics_report() -> str:
             lines.append(f"{op:<44} {v['count']:>8}  {v['first_source']}")
     if m["retiles"]:
         lines.append("")
-        lines.append(f"{'values re-tiled for an op':<44} {'times':>8}")
-        for op, n in sorted(m["retiles"].items(), key=lambda kv: (-kv[1], kv[0])):
-            lines.append(f"{op:<44} {n:>8}")
+        lines.append(f"{'re-tiled for an op':<24} {'along axis group':<28} {'times':>8}")
+        rows = [(op, g, n) for op, per in m["retiles"].items() for g, n in per.items()]
+        for op, g, n in sorted(rows, key=lambda r: (-r[2], r[0], r[1])):
+            lines.append(f"{op:<24} {g:<28} {n:>8}")
     lines.append("")
     total = sum(k["seconds"] for k in m["kernels"].values()) or 1.0
     lines.append(f"{'tile kernel':<28} {'tasks':>8} {'total s':>10} {'us/task':>9} {'share':>6}")

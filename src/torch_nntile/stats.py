@@ -33,7 +33,7 @@ _ident = threading.get_ident
 OP_CALLS: Counter[str] = Counter()  # ATen overload -> recorded calls
 FALLBACK_CALLS: Counter[str] = Counter()  # ATen op -> calls run on the CPU fallback
 FALLBACK_SOURCE: dict[str, str] = {}  # ATen op -> first user source line that triggered it
-RETILES: Counter[str] = Counter()  # op -> values copied into another tiling for (or after) it
+RETILES: Counter[tuple[str, str]] = Counter()  # (op, axis group) -> values re-tiled along it for (or after) the op
 
 COUNTS: Counter[str] = Counter()  # tasks_submitted, tasks_skipped, bytes_in, bytes_out, tiles_live
 TILES_PEAK = [0]

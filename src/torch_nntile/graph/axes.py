@@ -14,13 +14,17 @@ import weakref
 class AxisGroup:
     """A union-find element; the root of a set carries the set's metadata."""
 
-    __slots__ = ("parent", "extent", "name", "aliases", "__weakref__")
+    __slots__ = ("parent", "extent", "name", "aliases", "derive", "__weakref__")
 
     def __init__(self, extent: int) -> None:
         self.parent: AxisGroup | None = None
         self.extent = extent
         self.name: str | None = None
         self.aliases: tuple[str, ...] = ()  # names of named groups merged into this one
+        # (source group, factor): with no tiling of its own, this group takes the
+        # source's tile sizes times factor (> 0) or divided by -factor (< 0) where
+        # they divide (a reshape merging or splitting a dim keeps its tiles).
+        self.derive: tuple[AxisGroup, int] | None = None
 
     def names(self) -> tuple[str, ...]:
         return ((self.name,) if self.name is not None else ()) + self.aliases
@@ -42,8 +46,9 @@ _NAMES: dict[str, weakref.ref[AxisGroup]] = {}
 _TILINGS: dict[str, int | tuple[int, ...]] = {}
 
 
-def new_group(extent: int) -> AxisGroup:
+def new_group(extent: int, derive: tuple[AxisGroup, int] | None = None) -> AxisGroup:
     g = AxisGroup(extent)
+    g.derive = derive
     _ALL.add(g)
     return g
 
@@ -55,6 +60,8 @@ def union(a: AxisGroup, b: AxisGroup) -> AxisGroup:
         return ra
     if ra.extent != rb.extent:
         raise ValueError(f"cannot merge axis groups of extents {ra.extent} and {rb.extent}")
+    if ra.derive is None:
+        ra.derive = rb.derive
     if ra.name is None:
         ra.name, ra.aliases = rb.name, rb.aliases
     else:
@@ -135,7 +142,7 @@ def tiling_of(root: AxisGroup) -> tuple[int, ...]:
     """
     set_for = [(n, _TILINGS[n]) for n in root.names() if n in _TILINGS]
     if not set_for:
-        return (root.extent,)
+        return _derived(root)
     sizes = normalize_tiling(set_for[0][1], root.extent, describe(root))
     for n, t in set_for[1:]:
         other = normalize_tiling(t, root.extent, describe(root))
@@ -145,6 +152,24 @@ def tiling_of(root: AxisGroup) -> tuple[int, ...]:
                 f"({set_for[0][0]!r}: {list(sizes)}, {n!r}: {list(other)}); give them one tiling"
             )
     return sizes
+
+
+def _derived(root: AxisGroup, depth: int = 0) -> tuple[int, ...]:
+    """The tiling a group with none of its own takes from the group it was reshaped from."""
+    if root.derive is None or depth > 64:
+        return (root.extent,)
+    src, factor = root.derive
+    src = src.root()
+    if src is root:
+        return (root.extent,)
+    base = tiling_of(src) if any(n in _TILINGS for n in src.names()) else _derived(src, depth + 1)
+    if factor > 0:
+        sizes = tuple(s * factor for s in base)
+    elif all(s % -factor == 0 for s in base):
+        sizes = tuple(s // -factor for s in base)
+    else:
+        return (root.extent,)
+    return sizes if sum(sizes) == root.extent else (root.extent,)
 
 
 def groups_report() -> list[tuple[AxisGroup, int]]:

@@ -82,15 +82,32 @@ RESHAPE_TILE = Kernel(reshape_tile)
 
 
 def _lower_reshape(ctx: Lowering, node: OpNode) -> None:
-    pairs = node.attrs  # (out dim, in dim) of dims mapped one to one
+    """A tile's box reshapes like the whole value where each block of dims the reshape
+    maps (one to one, one to several, several to one) is tiled on its first dim only,
+    with tile sizes that agree across the block; other blocks are whole in a tile."""
     xn, on = node.inputs[0], node.outputs[0]
-    # Dims a reshape merges or splits are whole in a tile: a tile's box then reshapes
-    # like the whole value. The other dims keep their tiles.
-    x = ctx.input(xn, ctx.whole(xn, set(range(len(xn.shape))) - {xd for _, xd in pairs}))
-    out = ctx.output(on, ctx.whole(on, set(range(len(on.shape))) - {od for od, _ in pairs}))
+    tin, tout = list(ctx.tiling(xn)), list(ctx.tiling(on))
+    whole_in, whole_out = lambda d: (xn.shape[d],), lambda d: (on.shape[d],)  # noqa: E731
+    lead = []  # (input dim, output dim) whose tile indices correspond
+    for ra, rb in node.attrs:
+        inner_in = math.prod(xn.shape[d] for d in ra[1:])
+        inner_out = math.prod(on.shape[d] for d in rb[1:])
+        # tiles of the block's first output dim, in items of its first input dim
+        if all(len(tout[d]) == 1 for d in rb[1:]) and all(s * inner_out % inner_in == 0 for s in tout[rb[0]]):
+            tin[ra[0]] = tuple(s * inner_out // inner_in for s in tout[rb[0]])
+            for d in ra[1:]:
+                tin[d] = whole_in(d)
+            lead.append((ra[0], rb[0]))
+        else:
+            for d in ra:
+                tin[d] = whole_in(d)
+            for d in rb:
+                tout[d] = whole_out(d)
+    x = ctx.input(xn, tuple(tin))
+    out = ctx.output(on, tuple(tout))
     for idx in out.indices():
-        xi = [0] * len(x.shape)
-        for od, xd in pairs:
+        xi = [0] * len(xn.shape)
+        for xd, od in lead:
             xi[xd] = idx[od]
         ctx.task(RESHAPE_TILE, [Arg(out, idx, W), Arg(x, tuple(xi), R)], "reshape")
 
@@ -99,21 +116,26 @@ RESHAPE = Op("reshape", _lower_reshape)
 
 
 def reshape(x: DataNode, shape: tuple[int, ...]) -> DataNode:
+    """A view with another shape. Dims mapped one to one share their axis group; the
+    first dim of a split or merged block takes its tiling from the input's first dim
+    (scaled), unless tiled by name itself."""
     if shape == x.shape:
         return x
     if math.prod(shape) != x.numel:
         raise RuntimeError(f"shape {list(shape)} is invalid for input of size {x.numel}")
     axes: list[AxisGroup | None] = [None] * len(shape)
-    pairs = []
-    for ra, rb in _blocks(x.shape, shape) if x.numel else []:
+    blocks = _blocks(x.shape, shape) if x.numel else []
+    for ra, rb in blocks:
         if len(ra) == 1 and len(rb) == 1:
             axes[rb[0]] = x.axes[ra[0]]
-            pairs.append((rb[0], ra[0]))
-        else:
-            for d in rb:
-                axes[d] = new_group(shape[d])
+            continue
+        inner_in = math.prod(x.shape[d] for d in ra[1:])
+        inner_out = math.prod(shape[d] for d in rb[1:])
+        factor = inner_in // inner_out if inner_in >= inner_out else -(inner_out // inner_in)
+        if inner_in % inner_out == 0 or inner_out % inner_in == 0:
+            axes[rb[0]] = new_group(shape[rb[0]], (x.axes[ra[0]], factor))
     full = tuple(a if a is not None else new_group(s) for a, s in zip(axes, shape))
-    return record(RESHAPE, (x,), tuple(pairs), [(shape, x.dtype, full)])[0]
+    return record(RESHAPE, (x,), tuple((tuple(ra), tuple(rb)) for ra, rb in blocks), [(shape, x.dtype, full)])[0]
 
 
 # -- expand --------------------------------------------------------------------

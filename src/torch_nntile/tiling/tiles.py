@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from torch_nntile import stats
-from torch_nntile.graph.axes import tiling_of
+from torch_nntile.graph.axes import describe, tiling_of
 from torch_nntile.kernels import KERNEL_TYPES, Kernel, KernelData
 from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
 
@@ -165,6 +165,7 @@ class Lowering:
             arr = self.values[node]
             want = self.tiling(node)
             if arr.tiling != want:
+                self._count_retile(node, arr.tiling, want)
                 self.values[node] = self.retile(arr, want)
 
     def _fail(self, op: Any, exc: Exception) -> None:
@@ -198,15 +199,22 @@ class Lowering:
         want = tiling if tiling is not None else self.tiling(node)
         self.keep.append(arr)
         if arr.tiling != want:
+            self._count_retile(node, arr.tiling, want)
             arr = self.retile(arr, want)
             if tiling is None:
                 self.values[node] = arr
         return arr
 
+    def _count_retile(self, node: Any, have: Tiling, want: Tiling) -> None:
+        """Count a re-tiling for the op being lowered and each axis group it changes
+        (``metrics()["retiles"]``): a tiling an op could not use costs copies."""
+        op = self.op.label if self.op is not None else "?"
+        for ax, a, b in zip(node.axes, have, want):
+            if a != b:
+                stats.RETILES[(op, describe(ax))] += 1
+
     def retile(self, src: TileArray, tiling: Tiling) -> TileArray:
-        """Copy a value into another tiling: one task per destination tile. Counted
-        per op (``metrics()["retiles"]``): a tiling an op could not use costs copies."""
-        stats.RETILES[self.op.label if self.op is not None else "?"] += 1
+        """Copy a value into another tiling: one task per destination tile."""
         dst = TileArray(self.rt, src.shape, src.dtype, tiling)
         self.keep.append(dst)
         self.assemble(dst, [(src, (0,) * len(src.shape))], "retile")
