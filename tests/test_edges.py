@@ -113,3 +113,8 @@ VIEWS = {
 def test_non_contiguous_and_overlapping(name, tiled):
     torch.manual_seed(2)
     _same(VIEWS[name], [torch.randn(4, 6)], {0: (0, [1, 3])} if tiled else None)
+
+
+def test_write_through_expanded_view_of_an_empty_tensor():
+    """No element is written twice when there are none: allowed, as on CPU."""
+    _same(lambda a: a.unsqueeze(0).expand(2, 5, 0).add_(1), [torch.zeros(5, 0)])

@@ -16,7 +16,8 @@ def _fallback_on():
 
 
 def test_gpt2_forward_and_backward_match_cpu():
-    """A stock HuggingFace GPT-2 (built from a config) gives CPU's logits and gradients."""
+    """A stock HuggingFace GPT-2 (built from a config) gives CPU's logits and gradients
+    with the fallback enabled (whatever of it still needs the fallback)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -36,7 +37,6 @@ def test_gpt2_forward_and_backward_match_cpu():
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert p.grad is not None, name
         assert_close(p.grad.cpu(), q.grad, rtol=1e-4)
-    assert torch_nntile.fallback_counts()  # it did go through the fallback
 
 
 def test_layer_norm_with_parameters():
@@ -58,14 +58,16 @@ def test_matmul_of_vectors():
 
 def test_out_argument_is_resized():
     """An op on the fallback with an empty ``out=`` tensor gives it the result's shape."""
+    before = torch_nntile.fallback_counts().get("aten::_logcumsumexp", 0)
     out = torch.empty(0, device="nntile")
-    torch.cumsum(torch.arange(6.0, device="nntile"), 0, out=out)
+    torch.logcumsumexp(torch.arange(6.0, device="nntile"), 0, out=out)
     assert out.shape == (6,)
-    assert_close(out.cpu(), torch.cumsum(torch.arange(6.0), 0))
+    assert_close(out.cpu(), torch.logcumsumexp(torch.arange(6.0), 0))
     with pytest.warns(UserWarning, match="was resized"):
         full = torch.zeros(2, device="nntile")
-        torch.cumsum(torch.ones(3, device="nntile"), 0, out=full)
-    assert_close(full.cpu(), torch.tensor([1.0, 2.0, 3.0]))
+        torch.logcumsumexp(torch.zeros(3, device="nntile"), 0, out=full)
+    assert_close(full.cpu(), torch.logcumsumexp(torch.zeros(3), 0))
+    assert torch_nntile.fallback_counts()["aten::_logcumsumexp"] == before + 2  # it did run on the fallback
 
 
 def test_wrapped_numbers_reach_the_cpu_as_tensors():

@@ -2,13 +2,14 @@
 
 # Registers the device, then the ATen table (machinery in aten.py, entries in table_*.py;
 # the foreach ops last, over the per-tensor ops registered before them).
-from torch_nntile.backend import (  # noqa: F401  # noqa: F401
+from torch_nntile.backend import (  # noqa: F401, I001
     aten,
     device,
     fallback,
     sparse,
     table_data,
     table_elementwise,
+    table_index,
     table_foreach,  # noqa: F401, I001
     table_linalg,
 )

@@ -6,10 +6,19 @@ the storage object, so views, ``.detach()``, ``.data`` and
 autograd's saved tensors (which all share the storage) share it too. The Buf
 holds the current node of the *base* (the contiguous tensor the storage was made
 for); a view reads and writes through its geometry over that base.
+
+Each storage with bytes has an address of its own (``untyped_storage().data_ptr()``,
+and ``data_ptr()`` offset by the storage offset, as on CPU), so code that tells
+storages apart by address (HuggingFace's tied-weight detection in ``save_pretrained``,
+safetensors' shared-tensor check) sees one storage per storage. The addresses are
+fake: nothing reads through them (every kernel on an nntile tensor is ours), and
+they lie above 2**57, outside any process's address space, so a read through one
+would fault at once instead of reading someone else's memory.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 
@@ -68,21 +77,33 @@ def _register() -> None:
 _register()
 _create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
-_SET = torch.ops.aten.set_.source_Storage_storage_offset
-_SET_STORAGE = _SET._handle.redispatch_boxed
-_fake_ptr = itertools.count(1 << 44, 1 << 20)
+_AS_STRIDED_ = torch.ops.aten.as_strided_.default._handle.redispatch_boxed
+_storage_at = torch._C._construct_storage_from_data_pointer  # a non-owning storage over an address
+_DEV = torch.device(DEVICE, 0)
+
+
+def _address_classes() -> list[itertools.count]:
+    """Fake storage addresses, by size class: a storage of ``n`` bytes takes the next
+    address of class ``k = n.bit_length()`` (class ``k`` hands out ``2**k``-byte slots
+    in its own ``2**57``-byte region), so the byte ranges of live storages never
+    overlap and an address is never handed out twice (2**45 storages of the smallest
+    class, 2**11 of the largest, 64 TiB). All below 2**63 (a C ``int64_t``)."""
+    regions = {k: itertools.count((k - 11) << 57, 1 << k) for k in range(12, 47)}
+    return [regions[min(max(k, 12), 46)] for k in range(65)]
+
+
+_ADDRESS = _address_classes()
 
 
 class Buf:
     """The payload of one storage: the current node of its base tensor, and the
     context generation it belongs to (its value dies with that context)."""
 
-    __slots__ = ("node", "views", "fake_ptr", "generation")
+    __slots__ = ("node", "views", "generation")
 
     def __init__(self, node: DataNode) -> None:
         self.node = node
         self.views: dict[tuple, DataNode] = {}
-        self.fake_ptr = next(_fake_ptr)
         self.generation = SESSION_STATE.generation
 
 
@@ -91,13 +112,25 @@ def new_tensor(node: DataNode) -> torch.Tensor:
 
     Its storage holds no bytes (values live in tiles) but reports the size a CPU
     tensor's would: PyTorch's C++ code sizes copies and checks in-place geometry
-    changes by it (``clone_preserve_strides``, ``as_strided_``)."""
-    shape = node.shape
-    t = _create(list(shape), node.dtype)
+    changes by it (``clone_preserve_strides``, ``as_strided_``). It also has an
+    address of its own (see the module docstring)."""
+    t = _create(list(node.shape), node.dtype)  # contiguous, on a storage of 0 bytes
     st = t.untyped_storage()
     st._nnt = Buf(node)
-    _SET_STORAGE(_META, t, st, 0, shape, contiguous_strides(shape))  # Meta's set_ sizes the storage
+    nbytes = node.numel * node.dtype.itemsize
+    if nbytes:  # the storage takes over the size and address of a non-owning one
+        st._swap_data_ptr_(_storage_at(next(_ADDRESS[nbytes.bit_length()]), _DEV, nbytes))
     return t
+
+
+def _grow(st: torch.UntypedStorage, nbytes: int) -> None:
+    """Give storage ``st`` ``nbytes`` bytes and a new address (as a CPU realloc would).
+
+    Storages are not resizable (a storage over an address never is), so the size
+    comes in by swapping: first a 0-byte one out, then the new size in."""
+    if st.nbytes():
+        st._swap_data_ptr_(_storage_at(0, _DEV, 0))
+    st._swap_data_ptr_(_storage_at(next(_ADDRESS[nbytes.bit_length()]), _DEV, nbytes))
 
 
 def _buf(t: torch.Tensor) -> Buf:
@@ -182,7 +215,7 @@ def write(t: torch.Tensor, value: DataNode) -> None:
         buf.views = {}
         return
     key = (shape, t.stride(), t.storage_offset())
-    if any(st == 0 and sz > 1 for sz, st in zip(shape, key[1])):
+    if t.numel() and any(st == 0 and sz > 1 for sz, st in zip(shape, key[1])):
         raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a single "
                            "memory location. Please clone() the tensor before performing the operation.")
     buf.node = write_view(buf.node, value, *key)
@@ -203,10 +236,9 @@ def reserve(t: torch.Tensor, nelems: int) -> None:
     (values live in tiles), but PyTorch's in-place metadata ops (``as_strided_``,
     ``squeeze_``, ``resize_``) check the new geometry against the storage size."""
     st = t.untyped_storage()
-    if st.nbytes() < nelems * t.element_size():
-        size, stride, offset = list(t.shape), list(t.stride()), t.storage_offset()
-        _SET_STORAGE(_META, t, st, 0, [nelems], [1])  # Meta's set_ grows the storage size
-        _SET_STORAGE(_META, t, st, offset, size, stride)
+    nbytes = nelems * t.element_size()
+    if st.nbytes() < nbytes:
+        _grow(st, nbytes)
 
 
 def resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -225,7 +257,7 @@ def resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
             grown = write_view(grown, reshape(base, (base.numel,)), (base.numel,), (1,), 0)
         buf.node, buf.views = grown, {}
     reserve(t, offset + n)
-    _SET_STORAGE(_META, t, t.untyped_storage(), offset, list(shape), list(stride))
+    _AS_STRIDED_(_META, t, list(shape), list(stride), offset)
     if offset == 0 and n == buf.node.numel and buf.node.shape != shape:
         buf.node, buf.views = reshape(buf.node, shape), {}  # t is the whole storage: make it the base
 
@@ -273,11 +305,6 @@ def from_cpu(t: torch.Tensor) -> torch.Tensor:
     return new_tensor(ingress(t))
 
 
-def fake_data_ptr(t: torch.Tensor) -> int:
-    """A distinct address per storage, for code that compares data pointers."""
-    return _buf(t).fake_ptr + t.storage_offset() * t.element_size()
-
-
 def _install_printing() -> None:
     """``print(t)`` formats the values with a dozen ATen ops; run them on a CPU copy.
 
@@ -323,3 +350,33 @@ def _install_serialization() -> None:
 
 
 _install_serialization()
+
+
+def _install_deepcopy() -> None:
+    """``copy.deepcopy`` of a plain tensor copies its storage, through
+    ``torch.UntypedStorage(nbytes, device=...)``, which crashes the process for this
+    device: copy nntile tensors as PyTorch copies those of storage-less devices, by
+    ``clone()`` (a ``Parameter`` already does). Aliasing between deep-copied views is not kept."""
+    if getattr(torch.Tensor.__deepcopy__, "_nntile", False):
+        return
+    orig = torch.Tensor.__deepcopy__
+
+    def __deepcopy__(self: torch.Tensor, memo: dict):  # noqa: ANN202
+        if (self.device.type != DEVICE or type(self) is not torch.Tensor or self.layout != torch.strided
+                or not self.is_leaf or id(self) in memo):
+            return orig(self, memo)  # also raises PyTorch's error for a non-leaf
+        with torch.no_grad():
+            new = self.clone()
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo)
+        new.__dict__ = copy.deepcopy(self.__dict__, memo)
+        memo[id(self)] = new
+        return new
+
+    __deepcopy__._nntile = True  # type: ignore[attr-defined]
+    torch.Tensor.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
+
+
+_install_deepcopy()

@@ -24,6 +24,7 @@ from torch_nntile.backend.device import (
 )
 from torch_nntile.graph.axes import new_group
 from torch_nntile.graph.nodes import DataNode
+from torch_nntile.ops import index as ix
 from torch_nntile.ops import reduce, views
 from torch_nntile.ops.base import whole_op, wrap_dim
 from torch_nntile.ops.data import arange, fill, ingress
@@ -134,7 +135,22 @@ def _index_add(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
         raise RuntimeError(f"source tensor shape must match self tensor shape, excluding the specified dimension. "
                            f"Got self.shape = {list(x.shape)} source.shape = {list(src.shape)}")
     kernel, nodes = out_kernel(torch.index_add, [self, d, index, source], alpha=alpha)
-    return whole_op("index_add", kernel, nodes, [(x.shape, x.dtype, x.axes)])[0]
+    return along_dim("index_add", kernel, nodes, index, d, x.shape, x.dtype, x.axes)
+
+
+def along_dim(name: str, kernel: Any, nodes: list[DataNode], index: torch.Tensor, d: int, shape: tuple[int, ...],
+              dtype: torch.dtype, axes: Any = None) -> DataNode:
+    """An index op along dim ``d``: tiled over the other dims where its tensors share them
+    (the index vector, and 0-dim values, go whole to every tile), else one task (whose
+    output takes the axis groups ``axes``, or new ones)."""
+    nd = len(shape)
+    inode = read(index) if is_nntile(index) else None
+    whole = tuple(k for k, n in enumerate(nodes) if n is inode or not n.shape)
+    tiled = [n for k, n in enumerate(nodes) if k not in whole]
+    if nd and all(len(n.shape) == nd and all(a == b for k, (a, b) in enumerate(zip(n.shape, shape)) if k != d)
+                  for n in tiled):
+        return ix.along(name, kernel, nodes, (d,), shape, dtype, whole)
+    return whole_op(name, kernel, nodes, [(shape, dtype, axes)])[0]
 
 
 def _check_index(index: torch.Tensor, op: str) -> None:
@@ -153,8 +169,7 @@ def _index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> DataNode
     if shape:
         shape[d] = i.numel
     kernel, nodes = out_kernel(torch.index_select, [self, d, index])
-    axes = tuple(a if n != d else None for n, a in enumerate(x.axes))
-    return whole_op("index_select", kernel, nodes, [(tuple(shape), x.dtype, _fill_axes(axes, shape))])[0]
+    return along_dim("index_select", kernel, nodes, index, d, tuple(shape), x.dtype)
 
 
 def _fill_axes(axes: tuple[Any, ...], shape: list[int]) -> tuple[Any, ...]:

@@ -1,14 +1,17 @@
-"""ATen table: the elementwise family (arithmetic, unary, comparisons, logical, clamps,
-the backward ops of activations), each a functional form plus its derived forms."""
+"""ATen table: the elementwise family (arithmetic, unary math, comparisons, logical and
+bitwise ops, clamps, activations and their backward ops), each a functional form plus
+its derived forms. All are tiled: one task per output tile."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from torch_nntile.backend.aten import Scalar, as_floating, aten, defop, ew, forms, promote, type_name
+from torch_nntile.backend.device import DEVICE
 from torch_nntile.graph.nodes import DataNode
 
 # -- elementwise ---------------------------------------------------------------
@@ -218,3 +221,144 @@ def _activation_backward(name: str) -> None:
 
 for _name in ("sigmoid_backward", "tanh_backward"):
     _activation_backward(_name)
+
+
+# -- dtype rules by probing the CPU ------------------------------------------------
+#
+# The ops below take their result dtype (and their dtype errors, with PyTorch's
+# messages) from the CPU op itself, run once per combination of argument dtypes on
+# one-element tensors and cached: PyTorch's rules differ op by op (int -> float for
+# sin, int kept for floor, bool for signbit, no floats for bitwise_and).
+
+
+def _probe_key(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        if x.device.type != DEVICE and x.dim() == 0:
+            return ("c", x.dtype)  # a CPU 0-dim tensor promotes as a 0-dim tensor
+        return ("t", x.dtype, x.dim() > 0)
+    if x is None:
+        return ("n",)
+    return ("s", type(x), x)  # the type too: True, 1 and 1.0 are equal keys
+
+
+def _probe_value(k: Any) -> Any:
+    if k[0] == "t":
+        return torch.ones(1 if k[2] else (), dtype=k[1])
+    if k[0] == "c":
+        return torch.ones((), dtype=k[1])
+    return None if k[0] == "n" else k[2]
+
+
+@functools.lru_cache(maxsize=4096)
+def _probe(op: Any, keys: tuple[Any, ...], kw: tuple[tuple[str, Any], ...], default: torch.dtype) -> torch.dtype:
+    return op(*(_probe_value(k) for k in keys), **dict(kw)).dtype
+
+
+def result_dtype(op: Any, args: list[Any], kw: dict[str, Any]) -> torch.dtype:
+    """The dtype CPU PyTorch gives ``op(*args, **kw)``; raises what it raises for the dtypes."""
+    try:
+        return _probe(op, tuple(_probe_key(a) for a in args), tuple(kw.items()), torch.get_default_dtype())
+    except TypeError as e:
+        if "unhashable" in str(e):  # a list argument: probe uncached
+            return op(*(_probe_value(_probe_key(a)) for a in args), **kw).dtype
+        raise
+
+
+def aten_out(op: Any, *args: Any, out: torch.Tensor, **kw: Any) -> None:
+    """The kernel of ops run through their ATen ``out=`` overload ``op``."""
+    op(*args, **kw, out=out)
+
+
+def _out_overload(name: str, ov: str) -> Any:
+    packet = getattr(aten, name)
+    names = [f"{ov}_out", f"Out{ov}"] if ov != "default" else []
+    for o in names + (["out"] if ov in ("default", "Tensor") else []):
+        if o in packet.overloads():
+            return getattr(packet, o)
+    return None
+
+
+def _pointwise(name: str, kernel: Callable[..., Any] | None = None, *overloads: str,
+               inplace: bool = True, out: bool = True) -> dict[str, Callable[..., DataNode]]:
+    """Register ``name``'s overloads (default: ``name.default``) as tiled elementwise ops:
+    the tile kernel is ``kernel(*args, **kw, out=tile)`` (default: the overload's ATen
+    ``out=`` form), the dtype the CPU op's. Returns the functional forms by overload."""
+    made = {}
+    for ov in overloads or ("default",):
+        op = getattr(getattr(aten, name), ov)
+        out_op = _out_overload(name, ov) if kernel is None else None
+
+        def f(*args: Any, _op: Any = op, _out: Any = out_op, **kw: Any) -> DataNode:
+            dt = result_dtype(_op, list(args), kw)
+            if _out is None:
+                return ew(name, kernel, list(args), dt, **kw)
+            return ew(name, aten_out, [_out, *args], dt, **kw)
+
+        made[ov] = defop(f"{name}.{ov}", inplace=inplace, out=out)(f)
+    return made
+
+
+def isnan_out(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(torch.isnan(x))
+
+
+def isinf_out(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(torch.isinf(x))
+
+
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc",
+              "erfinv", "expm1", "log1p", "log2", "log10", "exp2", "floor", "ceil", "trunc", "frac", "bitwise_not",
+              "nan_to_num"):
+    _pointwise(_name)
+_pointwise("round", None, "default", "decimals")
+for _name in ("signbit", "isposinf", "isneginf"):
+    _pointwise(_name, None, inplace=False)
+_pointwise("isnan", isnan_out, inplace=False)
+_pointwise("isinf", isinf_out, inplace=False)
+
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    _pointwise(_name, None, "Tensor", "Scalar", "Scalar_Tensor")
+for _name in ("atan2", "hypot", "fmax", "fmin"):
+    _pointwise(_name)
+_pointwise("fmod", None, "Tensor", "Scalar")
+_pointwise("remainder", None, "Tensor", "Scalar", "Scalar_Tensor")
+_pointwise("copysign", None, "Tensor", "Scalar")
+_xlogy = _pointwise("xlogy", None, "Tensor", "Scalar_Self", "Scalar_Other")
+for _ov in ("Tensor", "Scalar_Self", "Scalar_Other"):
+    forms(_xlogy[_ov], out=f"xlogy.Out{_ov}")
+_floor_divide = _pointwise("floor_divide", None, "default", "Scalar")
+forms(_floor_divide["default"], inplace="floor_divide_.Tensor")
+_pointwise("sinc")
+
+
+# -- activations and their backward ops ------------------------------------------
+
+
+def grad_input_kw(op: Any, *args: Any, out: torch.Tensor, **kw: Any) -> None:
+    op(*args, **kw, grad_input=out)
+
+
+def _activation(name: str, backward: str | None) -> None:
+    fwd, fwd_out = getattr(aten, name).default, getattr(aten, name).out
+
+    @defop(f"{name}.default")
+    def f(self: torch.Tensor, *args: Any, **kw: Any) -> DataNode:
+        return ew(name, aten_out, [fwd_out, self, *args], result_dtype(fwd, [self, *args], kw), **kw)
+
+    if backward is None:
+        return
+    bwd, bwd_out = getattr(aten, backward).default, getattr(aten, backward).grad_input
+
+    def b(*args: Any, **kw: Any) -> DataNode:
+        return ew(backward, grad_input_kw, [bwd_out, *args], result_dtype(bwd, list(args), kw), **kw)
+
+    defop(f"{backward}.default", out=False)(b)
+    forms(b, out=f"{backward}.grad_input")
+
+
+for _name, _bwd in [("gelu", "gelu_backward"), ("silu", None), ("softplus", "softplus_backward"),
+                    ("elu", "elu_backward"), ("leaky_relu", "leaky_relu_backward"), ("hardtanh", "hardtanh_backward"),
+                    ("mish", None)]:
+    _activation(_name, _bwd)
+# silu_backward and mish_backward have composite kernels (sigmoid, mul, ...): they
+# decompose into native ops, and registering them would hide the decomposition.

@@ -1,4 +1,5 @@
-"""Matrix products: C = beta * bias + alpha * op(A) @ op(B), op = identity or transpose."""
+"""Matrix products: C = beta * bias + alpha * op(A) @ op(B), op = identity or transpose;
+and batched products of 3-D values (bmm, baddbmm), tiled over the batch, M, N and K."""
 
 from __future__ import annotations
 
@@ -113,3 +114,75 @@ def _check_bias(shape: tuple[int, ...], target: tuple[int, int]) -> None:
             raise RuntimeError(f"The expanded size of the tensor ({t}) must match the existing size ({s}) at "
                                f"non-singleton dimension {off + d}.  Target sizes: {list(target)}.  "
                                f"Tensor sizes: {list(shape)}")
+
+
+# -- batched products ---------------------------------------------------------------
+
+
+def _bt(x: torch.Tensor, t: bool) -> torch.Tensor:
+    return x.transpose(1, 2) if t else x
+
+
+def bmm_tile(ta: bool, tb: bool, alpha: float, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+    torch.bmm(_bt(x, ta), _bt(y, tb), out=o)
+    if alpha != 1:
+        o.mul_(alpha)
+
+
+def bmm_tile_into(ta: bool, tb: bool, alpha: float, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+    o.baddbmm_(_bt(x, ta), _bt(y, tb), alpha=alpha)
+
+
+def baddbmm_tile(ta: bool, tb: bool, alpha: float, beta: float, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                 bias: torch.Tensor) -> None:
+    torch.baddbmm(bias, _bt(x, ta), _bt(y, tb), beta=beta, alpha=alpha, out=o)
+
+
+def _lower_bmm(ctx: Lowering, node: OpNode) -> None:
+    ta, tb, alpha, beta = node.attrs
+    a, b = ctx.input(node.inputs[0]), ctx.input(node.inputs[1])
+    bias = ctx.input(node.inputs[2]) if len(node.inputs) > 2 else None
+    out = ctx.output(node.outputs[0])
+    nk = a.grid[1] if ta else a.grid[2]
+    nchains = split_chains(ctx, node, nk, len(out.handles))
+    write = Kernel(bmm_tile, ta, tb, alpha)
+    accum = Kernel(bmm_tile_into, ta, tb, alpha)
+    first = Kernel(baddbmm_tile, ta, tb, alpha, beta) if bias is not None else write
+    for oidx in out.indices():
+        p, i, j = oidx
+        parts = []
+        for k in range(nk):
+            args = [Arg(a, (p, k, i) if ta else (p, i, k), R), Arg(b, (p, j, k) if tb else (p, k, j), R)]
+            if k == 0 and bias is not None:
+                args.append(Arg(bias, input_index(bias, oidx, 3), R))
+            parts.append((first if k == 0 else write, accum, args))
+        reduce_into(ctx, out, oidx, parts, "bmm", nchains)
+
+
+def _bmm_cost(node: OpNode) -> float:
+    ta = node.attrs[0]
+    a, out = node.inputs[0], node.outputs[0]
+    return out.numel * (a.shape[1] if ta else a.shape[2])
+
+
+BMM = Op("bmm", _lower_bmm, cost=_bmm_cost)
+
+
+def bmm(a: DataNode, ta: bool, b: DataNode, tb: bool, dtype: torch.dtype, bias: DataNode | None = None,
+        alpha: float = 1, beta: float = 1) -> DataNode:
+    """op(a) @ op(b) per batch item (+ beta * bias, broadcast to the result); ``ta`` / ``tb``
+    read a stored (B, K, M) / (B, N, K) value transposed. Shapes are checked by the caller."""
+    (_, am, ak) = (a.axes[0], a.axes[2], a.axes[1]) if ta else a.axes
+    (_, bk, bn) = (b.axes[0], b.axes[2], b.axes[1]) if tb else b.axes
+    union(a.axes[0], b.axes[0])
+    union(ak, bk)
+    m = a.shape[2] if ta else a.shape[1]
+    n = b.shape[1] if tb else b.shape[2]
+    out_axes = (a.axes[0], am, bn)
+    inputs = (a, b) if bias is None else (a, b, bias)
+    if bias is not None:
+        off = 3 - len(bias.shape)
+        for d, (s, ax) in enumerate(zip(bias.shape, bias.axes)):
+            if s != 1:
+                union(ax, out_axes[off + d])
+    return record(BMM, inputs, (ta, tb, alpha, beta), [((a.shape[0], m, n), dtype, out_axes)])[0]

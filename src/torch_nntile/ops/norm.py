@@ -1,17 +1,25 @@
-"""Layer normalization: forward and backward, one task per tile of the leading dims.
+"""Layer normalization: forward and backward.
 
-The normalized (trailing) dims are whole in a tile: a tiling of them is re-tiled
-for the op (a per-tile moments scheme would lift this).
+With the normalized (trailing) dims whole in a tile, one task per tile of the
+leading dims runs ATen's kernel. With them tiled, each tile writes its rows' mean
+and centred second moment, one task per row of tiles combines them (Chan's
+combination, as exact as a two-pass variance), and each tile is then normalized.
+The backward combines per-tile sums of ``g*w`` and ``g*w*xhat`` per row likewise;
+the weight and bias gradients sum over the tiles of the leading dims.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import torch
 
 from torch_nntile.graph.axes import new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel
-from torch_nntile.ops.base import Op, record, reduce_into
+from torch_nntile.ops.base import Op, record, reduce_into, split_chains
+from torch_nntile.ops.reduce import acc_dtype, chan_combine, part_sizes, row_stats, stacked
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 _aten = torch.ops.aten
@@ -37,9 +45,61 @@ def layer_norm_tile(shape: tuple[int, ...], eps: float, has_w: bool, has_b: bool
     _aten.native_layer_norm.out(t, list(shape), w, b, eps, out0=o, out1=m, out2=r)
 
 
+def _trailing_tiled(ctx: Lowering, xn: DataNode, k: int) -> bool:
+    planned = ctx.tiling(xn)
+    return any(len(planned[d]) > 1 for d in range(len(xn.shape) - k, len(xn.shape)))
+
+
+def ln_moments_partial(dims: tuple[int, ...], m: torch.Tensor, m2: torch.Tensor, t: torch.Tensor) -> None:
+    v, mean = torch.var_mean(t.to(m.dtype), dims, correction=0, keepdim=True)
+    m.copy_(mean)
+    torch.mul(v, math.prod(t.shape[d] for d in dims), out=m2)
+
+
+def ln_moments_combine(eps: float, sizes: tuple[int, ...], mean: torch.Tensor, rstd: torch.Tensor,
+                       *parts: torch.Tensor) -> None:
+    mu, m2, n = chan_combine(sizes, *stacked(parts, 2))
+    mean.copy_(mu)
+    rstd.copy_(torch.rsqrt((m2 / n).clamp_min(0) + eps))
+
+
+def ln_apply(has_w: bool, has_b: bool, y: torch.Tensor, x: torch.Tensor, m: torch.Tensor, r: torch.Tensor,
+             *wb: torch.Tensor) -> None:
+    w, b = _affine(has_w, has_b, wb)
+    acc = acc_dtype(x.dtype)
+    out = (x.to(acc) - m.to(acc)) * r.to(acc)
+    if w is not None:
+        out = out * w
+    if b is not None:
+        out = out + b
+    y.copy_(out)
+
+
+def _lower_layer_norm_tiled(ctx: Lowering, node: OpNode) -> None:
+    k, eps, has_w, has_b = node.attrs
+    xn = node.inputs[0]
+    nd = len(xn.shape)
+    trailing = tuple(range(nd - k, nd))
+    x = ctx.input(xn)
+    y = ctx.output(node.outputs[0])
+    mean, rstd = ctx.output(node.outputs[1]), ctx.output(node.outputs[2])
+    affine = [ctx.input(n) for n in node.inputs[1:]]  # tiled as the normalized dims
+    acc = acc_dtype(xn.dtype)
+    row_stats(ctx, "native_layer_norm", x, trailing, lambda xi: [Arg(x, xi, R)], Kernel(ln_moments_partial, trailing),
+              Kernel(ln_moments_combine, eps, part_sizes(x, trailing)), [mean, rstd], [acc, acc])
+    apply = Kernel(ln_apply, has_w, has_b)
+    for idx in y.indices():
+        sidx = idx[:nd - k] + (0,) * k
+        ctx.task(apply, [Arg(y, idx, W), Arg(x, idx, R), Arg(mean, sidx, R), Arg(rstd, sidx, R)]
+                 + [Arg(a, idx[nd - k:], R) for a in affine], "native_layer_norm")
+
+
 def _lower_layer_norm(ctx: Lowering, node: OpNode) -> None:
     k, eps, has_w, has_b = node.attrs
     xn = node.inputs[0]
+    if _trailing_tiled(ctx, xn, k):
+        _lower_layer_norm_tiled(ctx, node)
+        return
     nd = len(xn.shape)
     trailing = range(nd - k, nd)
     x = ctx.input(xn, ctx.whole(xn, trailing))
@@ -92,9 +152,94 @@ def layer_norm_grad_tile_into(which: int, shape: tuple[int, ...], has_w: bool, h
     o.add_(layer_norm_grad(which, shape, has_w, has_b, *ts[:4], ts[4:]))
 
 
+def ln_backward_partial(dims: tuple[int, ...], has_w: bool, pa: torch.Tensor, pc: torch.Tensor, g: torch.Tensor,
+                        x: torch.Tensor, m: torch.Tensor, r: torch.Tensor, *w: torch.Tensor) -> None:
+    """Per row of a tile: ``sum(g*w)`` and ``sum(g*w*xhat)`` over the normalized dims."""
+    acc = pa.dtype
+    gw = g.to(acc) * w[0] if has_w else g.to(acc)
+    torch.sum(gw, dims, keepdim=True, out=pa)
+    torch.sum(gw * ((x.to(acc) - m.to(acc)) * r.to(acc)), dims, keepdim=True, out=pc)
+
+
+def sum_pairs_combine(a: torch.Tensor, c: torch.Tensor, *parts: torch.Tensor) -> None:
+    sa, sc = stacked(parts, 2)
+    torch.sum(sa, 0, out=a)
+    torch.sum(sc, 0, out=c)
+
+
+def ln_backward_apply(has_w: bool, n: int, gx: torch.Tensor, g: torch.Tensor, x: torch.Tensor, m: torch.Tensor,
+                      r: torch.Tensor, *rest: torch.Tensor) -> None:
+    """``gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat))``."""
+    a, c = rest[-2], rest[-1]
+    acc = a.dtype
+    rf = r.to(acc)
+    gw = g.to(acc) * rest[0] if has_w else g.to(acc)
+    xhat = (x.to(acc) - m.to(acc)) * rf
+    gx.copy_(rf * (gw - a / n - xhat * (c / n)))
+
+
+def ln_param_grad(which: int, lead: int, g: torch.Tensor, x: torch.Tensor, m: torch.Tensor,
+                  r: torch.Tensor) -> torch.Tensor:
+    """Weight (``which`` 1: ``g * xhat``) or bias (2: ``g``) gradient of one tile, summed
+    over the leading dims."""
+    acc = acc_dtype(g.dtype)
+    v = g.to(acc) * ((x.to(acc) - m.to(acc)) * r.to(acc)) if which == 1 else g.to(acc)
+    return v.sum(tuple(range(lead))) if lead else v
+
+
+def ln_param_grad_tile(which: int, lead: int, o: torch.Tensor, *ts: torch.Tensor) -> None:
+    o.copy_(ln_param_grad(which, lead, *ts))
+
+
+def ln_param_grad_tile_into(which: int, lead: int, o: torch.Tensor, *ts: torch.Tensor) -> None:
+    o.add_(ln_param_grad(which, lead, *ts))
+
+
+def _lower_layer_norm_backward_tiled(ctx: Lowering, node: OpNode) -> None:
+    k, mask, has_w, has_b = node.attrs
+    gn, xn, mn, rn = node.inputs[:4]
+    nd = len(xn.shape)
+    lead = nd - k
+    trailing = tuple(range(lead, nd))
+    g, x, mean, rstd = (ctx.input(n) for n in (gn, xn, mn, rn))
+    w = ctx.input(node.inputs[4]) if has_w else None
+    acc = acc_dtype(xn.dtype)
+    name = "native_layer_norm_backward"
+
+    def row_args(idx: tuple[int, ...]) -> list[Arg]:
+        sidx = idx[:lead] + (0,) * k
+        args = [Arg(g, idx, R), Arg(x, idx, R), Arg(mean, sidx, R), Arg(rstd, sidx, R)]
+        return args + ([Arg(w, idx[lead:], R)] if w is not None else [])
+
+    outs = iter(node.outputs)
+    if mask[0]:
+        gx = ctx.output(next(outs))
+        stats = [ctx.temp(mn.shape, acc, mean.tiling) for _ in range(2)]
+        row_stats(ctx, name, x, trailing, row_args, Kernel(ln_backward_partial, trailing, has_w),
+                  Kernel(sum_pairs_combine), stats, [acc, acc])
+        apply = Kernel(ln_backward_apply, has_w, math.prod(xn.shape[lead:]))
+        for idx in gx.indices():
+            sidx = idx[:lead] + (0,) * k
+            ctx.task(apply, [Arg(gx, idx, W), *row_args(idx), Arg(stats[0], sidx, R), Arg(stats[1], sidx, R)], name)
+    for which in (1, 2):
+        if not mask[which]:
+            continue
+        out = ctx.output(next(outs))
+        write, accum = Kernel(ln_param_grad_tile, which, lead), Kernel(ln_param_grad_tile_into, which, lead)
+        lead_grid = [range(n) for n in x.grid[:lead]]
+        nlead = math.prod(len(r) for r in lead_grid)
+        nchains = split_chains(ctx, node, nlead, math.prod(out.grid))
+        for pidx in out.indices():
+            parts = [(write, accum, row_args(li + pidx)[:4]) for li in itertools.product(*lead_grid)]
+            reduce_into(ctx, out, pidx, parts, name, nchains)
+
+
 def _lower_layer_norm_backward(ctx: Lowering, node: OpNode) -> None:
     k, mask, has_w, has_b = node.attrs
     gn, xn, mn, rn = node.inputs[:4]
+    if _trailing_tiled(ctx, xn, k):
+        _lower_layer_norm_backward_tiled(ctx, node)
+        return
     nd = len(xn.shape)
     trailing = range(nd - k, nd)
     g, x = ctx.input(gn, ctx.whole(gn, trailing)), ctx.input(xn, ctx.whole(xn, trailing))

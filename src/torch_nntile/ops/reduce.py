@@ -1,29 +1,27 @@
-"""Reductions and the ops of cross-entropy: sum/mean, log-softmax, NLL loss."""
+"""Reductions: sum/mean, and the reductions that combine per-tile partial results.
+
+A reduction along dims that are whole in a tile runs one task per tile. Along tiled
+dims, each input tile writes partial results (its reduced dims kept, of extent 1)
+into temporary tiles, and one task per output tile combines them (the scheme of
+NNTile's kernels): maxima and their indices, sums of powers, counts, means and
+centred second moments (Chan's combination). ``row_stats`` does the same for ops
+that then use the statistics tile by tile (softmax, layer norm).
+"""
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from torch_nntile.graph.axes import new_group, union
+from torch_nntile.graph.axes import new_group
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel
-from torch_nntile.ops.base import (
-    NotNative,
-    Op,
-    broadcast_axes,
-    kernel_name,
-    record,
-    reduce_into,
-    split_chains,
-    wrap_dim,
-    wrap_dims,
-)
-from torch_nntile.ops.data import fill_tile
-from torch_nntile.ops.views import reshape
-from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
+from torch_nntile.ops.base import Op, record, reduce_into, split_chains, wrap_dims
+from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
 
 # -- sum / mean over dims ------------------------------------------------------
 
@@ -71,8 +69,16 @@ def sum_op(x: DataNode, dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype
     dims = tuple(d for d in wrap_dims(dims, nd) if d < nd) if dims else tuple(range(nd))
     count = math.prod(x.shape[d] for d in dims)
     scale = (1.0 / count if count else math.nan) if mean else 1  # the mean of nothing is nan
+    shape, axes = _reduced_axes(x, dims, keepdim)
+    return record(SUM, (x,), (dims, keepdim, scale), [(shape, dtype, axes)])[0]
+
+
+
+
+def _reduced_axes(x: DataNode, dims: tuple[int, ...], keepdim: bool) -> tuple[tuple[int, ...], tuple]:
+    """Shape and axis groups of a reduction's result: kept dims keep their groups."""
     shape, axes = [], []
-    for d in range(nd):
+    for d in range(len(x.shape)):
         if d in dims:
             if keepdim:
                 shape.append(1)
@@ -80,166 +86,403 @@ def sum_op(x: DataNode, dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype
         else:
             shape.append(x.shape[d])
             axes.append(x.axes[d])
-    return record(SUM, (x,), (dims, keepdim, scale), [(tuple(shape), dtype, tuple(axes))])[0]
+    return tuple(shape), tuple(axes)
 
 
-# -- log-softmax along one whole dim -------------------------------------------
+def norm_dims(dims: tuple[int, ...], nd: int) -> tuple[int, ...]:
+    """Wrapped, sorted reduction dims; none given means all (a 0-dim value has none)."""
+    if nd > 64:
+        raise RuntimeError("only tensors with up to 64 dims are supported")
+    return tuple(d for d in wrap_dims(dims, nd) if d < nd) if dims else tuple(range(nd))
 
 
-def _lower_rowwise(ctx: Lowering, node: OpNode) -> None:
-    fn, name, dims = node.attrs
-    ins = [ctx.input(n, ctx.whole(n, dims)) for n in node.inputs]
-    out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], dims))
-    for idx in out.indices():
-        ctx.task(fn, [Arg(out, idx, W)] + [Arg(a, idx, R) for a in ins], name)
+# -- partial results per tile, combined -----------------------------------------------
 
 
-ROWWISE = Op("rowwise", _lower_rowwise, kernel_name)
-"""Same-shape inputs and output, computed tile by tile with ``dims`` whole in a tile."""
+def reduced_shape(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(1 if d in dims else s for d, s in enumerate(shape))
 
 
-def log_softmax_tile(dim: int, o: torch.Tensor, t: torch.Tensor) -> None:
-    torch.ops.aten._log_softmax.out(t, dim, False, out=o)
+def reduced_tiling(x: TileArray, dims: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """``x``'s tiling with ``dims`` of extent 1: the tiling of per-row statistics."""
+    return tuple((1,) if d in dims else t for d, t in enumerate(x.tiling))
 
 
-def log_softmax_backward_tile(dim: int, dtype: torch.dtype, o: torch.Tensor, g: torch.Tensor, y: torch.Tensor) -> None:
-    torch.ops.aten._log_softmax_backward_data.out(g, y, dim, dtype, out=o)
+def part_sizes(x: TileArray, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """Items per row that each tile along ``dims`` holds, in the order partials are made."""
+    grids = [range(x.grid[d]) for d in dims]
+    return tuple(math.prod(x.tiling[d][i] for d, i in zip(dims, r)) for r in itertools.product(*grids))
 
 
-def log_softmax(x: DataNode, dim: int) -> DataNode:
-    dim = wrap_dim(dim, len(x.shape))
-    return record(ROWWISE, (x,), (Kernel(log_softmax_tile, dim), "_log_softmax", (dim,)), [(x.shape, x.dtype, x.axes)])[0]
+def stacked(parts: tuple[torch.Tensor, ...], kinds: int) -> list[torch.Tensor]:
+    """Partial tiles, grouped by kind (as ``row_stats`` passes them), each kind stacked on a new dim 0."""
+    n = len(parts) // kinds
+    return [torch.stack(parts[k * n:(k + 1) * n]) for k in range(kinds)]
 
 
-def log_softmax_backward(grad: DataNode, out: DataNode, dim: int, in_dtype: torch.dtype) -> DataNode:
-    dim = wrap_dim(dim, len(out.shape))
-    shape, axes = broadcast_axes([grad, out])
-    kernel = Kernel(log_softmax_backward_tile, dim, in_dtype)
-    return record(ROWWISE, (grad, out), (kernel, "_log_softmax_backward_data", (dim,)), [(shape, in_dtype, axes)])[0]
+def row_stats(ctx: Lowering, name: str, x: TileArray, dims: tuple[int, ...], args_of: Callable[[tuple[int, ...]], list[Arg]],
+              partial: Kernel, combine: Kernel, stats: list[TileArray], part_dtypes: list[torch.dtype]) -> None:
+    """Statistics over ``dims`` into ``stats`` (``x``'s shape and tiling with ``dims`` of
+    extent 1): the tile of ``x`` at each index along ``dims`` writes its partial results
+    (``partial(*parts, *args_of(index))``) into temporary tiles, and one task per stats
+    tile combines them (``combine(*stats, *parts of the first kind, *parts of the second, ...)``).
+    The partials of a row run in parallel; the combine is small (one row of values)."""
+    grids = [range(x.grid[d]) for d in dims]
+    for sidx in stats[0].indices():
+        shape = stats[0].tile_shape(sidx)
+        zero = (0,) * len(shape)
+        parts: list[list[Arg]] = [[] for _ in part_dtypes]
+        for ridx in itertools.product(*grids):
+            xi = list(sidx)
+            for d, i in zip(dims, ridx):
+                xi[d] = i
+            ps = [ctx.temp(shape, dt) for dt in part_dtypes]
+            ctx.task(partial, [Arg(p, zero, W) for p in ps] + args_of(tuple(xi)), name)
+            for lst, p in zip(parts, ps):
+                lst.append(Arg(p, zero, R))
+        ctx.task(combine, [Arg(s, sidx, W) for s in stats] + [a for lst in parts for a in lst], name)
 
 
-# -- negative log-likelihood, class dim last -----------------------------------
-
-NONE, MEAN, SUM_RED = 0, 1, 2
-
-
-def nll_tile(reduction: int, ignore_index: int, lo: torch.Tensor, xt: torch.Tensor, tt: torch.Tensor,
-             *wt: torch.Tensor) -> None:
-    lo.copy_(torch.ops.aten.nll_loss_forward(xt, tt, wt[0] if wt else None, reduction, ignore_index)[0])
+def acc_dtype(dt: torch.dtype) -> torch.dtype:
+    """The dtype partial results are kept in: float32 for the half-precision types."""
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
 
 
-def nll_weight_tile(ignore_index: int, two: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
-    mask = tt != ignore_index
-    two.copy_(mask.sum() if not wt else wt[0][tt[mask]].sum())
+class Reduction:
+    """How one reduction runs on tiles, as module-level kernel functions:
+
+    ``whole(dims, keepdim, params, *outs, x)``: the results of a tile whose reduced dims are whole;
+    ``partial(dims, offsets, params, *parts, x)``: one tile's partial results (reduced dims kept,
+    of extent 1); ``offsets`` (the tile's offsets) only for reductions returning indices;
+    ``combine(dims, keepdim, params, sizes, *outs, *parts)``: the results from the partials of
+    one output tile, grouped by kind; ``sizes``: items per row of each part.
+    ``parts(x_dtype, params)`` gives the dtypes of the partial results.
+    """
+
+    __slots__ = ("name", "whole", "partial", "combine", "parts", "indexed")
+
+    def __init__(self, name: str, whole: Callable[..., None], partial: Callable[..., None],
+                 combine: Callable[..., None], parts: Callable[[torch.dtype, Any], tuple[torch.dtype, ...]],
+                 indexed: bool = False) -> None:
+        self.name, self.whole, self.partial, self.combine = name, whole, partial, combine
+        self.parts, self.indexed = parts, indexed
+
+    def __repr__(self) -> str:
+        return f"Reduction({self.name})"
 
 
-def sum_of(acc: torch.Tensor, *parts: torch.Tensor) -> None:
-    acc.copy_(torch.stack(parts).sum())
+def _lower_reduce(ctx: Lowering, node: OpNode) -> None:
+    kind, name, dims, keepdim, params = node.attrs
+    x = ctx.input(node.inputs[0])
+    outs = [ctx.output(n) for n in node.outputs]
+    nd = len(x.shape)
+    kept = [d for d in range(nd) if d not in dims]
 
+    def x_index(oidx: tuple[int, ...], ridx: tuple[int, ...]) -> tuple[int, ...]:
+        xi = [0] * nd
+        for d, i in zip(kept, [oidx[d] for d in kept] if keepdim else oidx):
+            xi[d] = i
+        for d, i in zip(dims, ridx):
+            xi[d] = i
+        return tuple(xi)
 
-def divide_by(lo: torch.Tensor, two: torch.Tensor) -> None:
-    lo.div_(two)
-
-
-def nll_backward_tile(reduction: int, ignore_index: int, o: torch.Tensor, gt: torch.Tensor, xt: torch.Tensor,
-                      tt: torch.Tensor, twt: torch.Tensor, *wt: torch.Tensor) -> None:
-    o.copy_(torch.ops.aten.nll_loss_backward(gt, xt, tt, wt[0] if wt else None, reduction, ignore_index, twt))
-
-
-def _lower_nll(ctx: Lowering, node: OpNode) -> None:
-    reduction, ignore_index = node.attrs
-    x, t = ctx.input(node.inputs[0], ctx.whole(node.inputs[0], (1,))), ctx.input(node.inputs[1])
-    w = ctx.input(node.inputs[2], ctx.whole(node.inputs[2], (0,))) if len(node.inputs) > 2 else None
-    loss, tw = ctx.output(node.outputs[0]), ctx.output(node.outputs[1])
-    wargs = [Arg(w, (0,), R)] if w is not None else []
-    nb = x.grid[0]
-
-    if reduction == NONE:
-        rows = Kernel(nll_tile, NONE, ignore_index)
-        for i in range(nb):
-            ctx.task(rows, [Arg(loss, (i,), W), Arg(x, (i, 0), R), Arg(t, (i,), R), *wargs], "nll_loss_forward")
-        ctx.task(Kernel(fill_tile, 0), [Arg(tw, (), W)], "nll_loss_forward")
+    if all(x.grid[d] == 1 for d in dims):  # the reduced dims whole: one task per tile
+        whole = Kernel(kind.whole, dims, keepdim, params)
+        for oidx in outs[0].indices():
+            ctx.task(whole, [Arg(o, oidx, W) for o in outs] + [Arg(x, x_index(oidx, ()), R)], name)
         return
+    pdt = kind.parts(x.dtype, params)
+    grids = [range(x.grid[d]) for d in dims]
+    combine = Kernel(kind.combine, dims, keepdim, params, part_sizes(x, dims))
+    plain = None if kind.indexed else Kernel(kind.partial, dims, None, params)
+    zero = (0,) * nd
+    for oidx in outs[0].indices():
+        parts: list[list[Arg]] = [[] for _ in pdt]
+        for ridx in itertools.product(*grids):
+            xi = x_index(oidx, ridx)
+            shape = reduced_shape(x.tile_shape(xi), dims)
+            ps = [ctx.temp(shape, dt) for dt in pdt]
+            partial = plain or Kernel(kind.partial, dims, tuple(o[i] for o, i in zip(x.offs, xi)), params)
+            ctx.task(partial, [Arg(p, zero, W) for p in ps] + [Arg(x, xi, R)], name)
+            for lst, p in zip(parts, ps):
+                lst.append(Arg(p, zero, R))
+        ctx.task(combine, [Arg(o, oidx, W) for o in outs] + [a for lst in parts for a in lst], name)
 
-    # The total weight depends on the targets only: computed apart from the loss,
-    # the backward of one row tile need not wait for the forward of the others.
-    weight_part = Kernel(nll_weight_tile, ignore_index)
-    loss_part = Kernel(nll_tile, SUM_RED, ignore_index)
-    total, mean = Kernel(sum_of), Kernel(divide_by)
 
-    if nb == 1:
-        ctx.task(weight_part, [Arg(tw, (), W), Arg(t, (0,), R), *wargs], "nll_loss_forward")
-        ctx.task(loss_part, [Arg(loss, (), W), Arg(x, (0, 0), R), Arg(t, (0,), R), *wargs], "nll_loss_forward")
+REDUCE = Op("reduce", _lower_reduce, lambda node: node.attrs[1], cost=lambda node: node.inputs[0].numel)
+
+
+def reduction(kind: Reduction, name: str, x: DataNode, dims: tuple[int, ...], keepdim: bool, params: Any,
+              dtypes: list[torch.dtype]) -> tuple[DataNode, ...]:
+    """Record a reduction of ``x`` over ``dims`` (normalized: ``norm_dims``); one output per dtype."""
+    shape, axes = _reduced_axes(x, dims, keepdim)
+    return record(REDUCE, (x,), (kind, name, dims, keepdim, params), [(shape, dt, axes) for dt in dtypes])
+
+
+# -- amax / amin, max / min of everything ----------------------------------------------
+
+
+def extremum_whole(dims: tuple[int, ...], keepdim: bool, params: tuple, o: torch.Tensor, t: torch.Tensor) -> None:
+    (torch.amax if params[0] else torch.amin)(t, dims, keepdim, out=o)
+
+
+def extremum_partial(dims: tuple[int, ...], offs: None, params: tuple, p: torch.Tensor, t: torch.Tensor) -> None:
+    (torch.amax if params[0] else torch.amin)(t, dims, True, out=p)
+
+
+def extremum_combine(dims: tuple[int, ...], keepdim: bool, params: tuple, sizes: tuple[int, ...], o: torch.Tensor,
+                     *parts: torch.Tensor) -> None:
+    s = torch.stack(parts)
+    o.copy_((s.amax(0) if params[0] else s.amin(0)).reshape(o.shape))
+
+
+EXTREMUM = Reduction("amax", extremum_whole, extremum_partial, extremum_combine, lambda dt, p: (dt,))
+
+
+def _check_nonempty(name: str, x: DataNode, dims: tuple[int, ...], given: bool) -> None:
+    """PyTorch's errors for reductions without an identity over nothing."""
+    if not given and x.numel == 0:
+        raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the "
+                           "reduction dim with the 'dim' argument.")
+    for d in dims:
+        if x.shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+
+
+def extremum(x: DataNode, dims: tuple[int, ...], keepdim: bool, largest: bool, name: str) -> DataNode:
+    """amax / amin over ``dims`` (none: all), and max() / min() of everything."""
+    nd = len(x.shape)
+    rd = norm_dims(dims, nd)
+    _check_nonempty(name, x, rd, bool(dims))
+    return reduction(EXTREMUM, name, x, rd, keepdim, (largest,), [x.dtype])[0]
+
+
+# -- max / min along a dim with indices, argmax / argmin --------------------------------
+
+
+_NO_INDEX = torch.iinfo(torch.int64).max
+
+
+def index_whole(dims: tuple[int, ...], keepdim: bool, params: tuple, *tiles: torch.Tensor) -> None:
+    largest, with_values, flat = params
+    t = tiles[-1]
+    dim = dims[0] if dims else 0
+    if with_values:
+        (torch.max if largest else torch.min)(t, dim, keepdim, out=(tiles[0], tiles[1]))
     else:
-        pws, pls = [], []
-        for i in range(nb):
-            pw, pl = ctx.temp((), tw.dtype), ctx.temp((), loss.dtype)
-            ctx.task(weight_part, [Arg(pw, (), W), Arg(t, (i,), R), *wargs], "nll_loss_forward")
-            ctx.task(loss_part, [Arg(pl, (), W), Arg(x, (i, 0), R), Arg(t, (i,), R), *wargs], "nll_loss_forward")
-            pws.append(Arg(pw, (), R))
-            pls.append(Arg(pl, (), R))
-        ctx.task(total, [Arg(tw, (), W), *pws], "nll_loss_forward")
-        ctx.task(total, [Arg(loss, (), W), *pls], "nll_loss_forward")
-    if reduction == MEAN:
-        ctx.task(mean, [Arg(loss, (), RW), Arg(tw, (), R)], "nll_loss_forward")
+        (torch.argmax if largest else torch.argmin)(t, None if flat is not None else dim, keepdim, out=tiles[0])
 
 
-NLL = Op("nll_loss_forward", _lower_nll)
+def index_partial(dims: tuple[int, ...], offs: tuple[int, ...], params: tuple, pv: torch.Tensor, pi: torch.Tensor,
+                  t: torch.Tensor) -> None:
+    """The extremum of a tile and its index in the whole value: along the dim, or
+    flat (row-major over the whole shape ``flat``)."""
+    largest, _, flat = params
+    if flat is None:
+        d = dims[0]
+        v, i = (torch.max if largest else torch.min)(t, d, keepdim=True)
+        pv.copy_(v)
+        torch.add(i, offs[d], out=pi)
+        return
+    f = t.reshape(-1)
+    loc = int((torch.argmax if largest else torch.argmin)(f))
+    pv.view(-1)[0] = f[loc]
+    g, stride = 0, 1
+    for d in reversed(range(t.dim())):
+        loc, r = divmod(loc, t.shape[d])
+        g += (offs[d] + r) * stride
+        stride *= flat[d]
+    pi.fill_(g)
 
 
-def _check_nll(x: DataNode, t: DataNode, w: DataNode | None) -> None:
-    """PyTorch's own checks of nll_loss arguments, with its messages."""
-    if not 1 <= len(x.shape) <= 2:
-        raise RuntimeError("input tensor should be 1D or 2D")
-    if len(t.shape) > 1:
-        raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
-    if len(x.shape) == 1 and t.shape:
-        raise NotNative("nll_loss of a 1-D input with a 1-D target")
-    if len(x.shape) == 2 and (not t.shape or t.shape[0] != x.shape[0]):
-        raise RuntimeError(f"size mismatch (got input: {list(x.shape)}, target: {list(t.shape)})")
-    if w is not None and w.numel != x.shape[-1]:
-        raise RuntimeError(f"weight tensor should be defined either for all {x.shape[-1]} classes or no classes "
-                           f"but got weight tensor of shape: {list(w.shape)}")
+def index_combine(dims: tuple[int, ...], keepdim: bool, params: tuple, sizes: tuple[int, ...],
+                  *tiles: torch.Tensor) -> None:
+    """The extremum over the parts; its index the smallest among the parts holding it
+    (NaN counts as the extremum, as on CPU)."""
+    largest, with_values, _ = params
+    nout = 2 if with_values else 1
+    v, i = stacked(tiles[nout:], 2)
+    best = v.amax(0) if largest else v.amin(0)
+    hit = v == best
+    if v.is_floating_point():
+        hit |= v.isnan() & best.isnan()
+    idx = torch.where(hit, i, _NO_INDEX).amin(0)
+    if with_values:
+        tiles[0].copy_(best.reshape(tiles[0].shape))
+    tiles[nout - 1].copy_(idx.reshape(tiles[nout - 1].shape))
 
 
-def nll_loss(x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignore_index: int) -> tuple[DataNode, DataNode]:
-    _check_nll(x, t, w)
-    if len(x.shape) == 1:  # one sample: (C,) with target ()
-        loss, tw = nll_loss(reshape(x, (1, x.shape[0])), reshape(t, (1,)), w, reduction, ignore_index)
-        return (reshape(loss, ()) if reduction == NONE else loss), tw
-    union(x.axes[0], t.axes[0])
-    inputs = (x, t) if w is None else (x, t, w)
-    lshape, laxes = ((x.shape[0],), (x.axes[0],)) if reduction == NONE else ((), ())
-    return record(NLL, inputs, (reduction, ignore_index), [(lshape, x.dtype, laxes), ((), x.dtype, ())])
+INDEXED = Reduction("max", index_whole, index_partial, index_combine, lambda dt, p: (dt, torch.int64), indexed=True)
 
 
-def _lower_nll_backward(ctx: Lowering, node: OpNode) -> None:
-    reduction, ignore_index = node.attrs
-    g, t, tw = ctx.input(node.inputs[0]), ctx.input(node.inputs[2]), ctx.input(node.inputs[3])
-    x = ctx.input(node.inputs[1], ctx.whole(node.inputs[1], (1,)))
-    w = ctx.input(node.inputs[4], ctx.whole(node.inputs[4], (0,))) if len(node.inputs) > 4 else None
-    out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], (1,)))
-    wargs = [Arg(w, (0,), R)] if w is not None else []
-    k = Kernel(nll_backward_tile, reduction, ignore_index)
-    for i in range(out.grid[0]):
-        gi = (i,) if reduction == NONE else ()
-        ctx.task(k, [Arg(out, (i, 0), W), Arg(g, gi, R), Arg(x, (i, 0), R), Arg(t, (i,), R), Arg(tw, (), R), *wargs],
-                 "nll_loss_backward")
+def extremum_dim(x: DataNode, dim: int, keepdim: bool, largest: bool) -> tuple[DataNode, DataNode]:
+    """max / min along ``dim``: values and indices."""
+    name = "max" if largest else "min"
+    rd = norm_dims((dim,), len(x.shape))
+    _check_nonempty(name, x, rd, True)
+    v, i = reduction(INDEXED, name, x, rd, keepdim, (largest, True, None), [x.dtype, torch.int64])
+    return v, i
 
 
-NLL_BACKWARD = Op("nll_loss_backward", _lower_nll_backward)
+def arg_extremum(x: DataNode, dim: int | None, keepdim: bool, largest: bool) -> DataNode:
+    name = "argmax" if largest else "argmin"
+    if x.dtype == torch.bool:
+        raise RuntimeError(f"{name}(): does not support bool input")
+    nd = len(x.shape)
+    if dim is None:
+        if x.numel == 0:
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+        return reduction(INDEXED, name, x, tuple(range(nd)), keepdim, (largest, False, x.shape), [torch.int64])[0]
+    rd = norm_dims((dim,), nd)
+    _check_nonempty(name, x, rd, True)
+    return reduction(INDEXED, name, x, rd, keepdim, (largest, False, None), [torch.int64])[0]
 
 
-def nll_loss_backward(
-    g: DataNode, x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignore_index: int, tw: DataNode
-) -> DataNode:
-    _check_nll(x, t, w)
-    if len(x.shape) == 1:
-        g2 = reshape(g, (1,)) if reduction == NONE else g
-        return reshape(nll_loss_backward(g2, reshape(x, (1, x.shape[0])), reshape(t, (1,)), w, reduction,
-                                         ignore_index, tw), x.shape)
-    union(x.axes[0], t.axes[0])
-    if reduction == NONE:
-        union(g.axes[0], x.axes[0])
-    inputs = (g, x, t, tw) if w is None else (g, x, t, tw, w)
-    return record(NLL_BACKWARD, inputs, (reduction, ignore_index), [(x.shape, x.dtype, x.axes)])[0]
+# -- any / all ------------------------------------------------------------------------
+
+
+def anyall_whole(dims: tuple[int, ...], keepdim: bool, params: tuple, o: torch.Tensor, t: torch.Tensor) -> None:
+    (torch.any if params[0] else torch.all)(t, dims, keepdim, out=o)
+
+
+def anyall_partial(dims: tuple[int, ...], offs: None, params: tuple, p: torch.Tensor, t: torch.Tensor) -> None:
+    p.copy_((torch.any if params[0] else torch.all)(t, dims, True))
+
+
+def anyall_combine(dims: tuple[int, ...], keepdim: bool, params: tuple, sizes: tuple[int, ...], o: torch.Tensor,
+                   *parts: torch.Tensor) -> None:
+    s = torch.stack(parts)
+    o.copy_((s.any(0) if params[0] else s.all(0)).reshape(o.shape))
+
+
+ANYALL = Reduction("any", anyall_whole, anyall_partial, anyall_combine, lambda dt, p: (torch.bool,))
+
+
+def any_all(x: DataNode, dims: tuple[int, ...], keepdim: bool, is_any: bool) -> DataNode:
+    """any / all over ``dims`` (none: all): bool, or uint8 for a uint8 input (as on CPU)."""
+    out = torch.uint8 if x.dtype == torch.uint8 else torch.bool
+    return reduction(ANYALL, "any" if is_any else "all", x, norm_dims(dims, len(x.shape)), keepdim, (is_any,),
+                     [out])[0]
+
+
+# -- var / std (and their means): count, mean and centred second moment per tile -----------
+
+
+def moments_whole(dims: tuple[int, ...], keepdim: bool, params: tuple, *tiles: torch.Tensor) -> None:
+    correction, root, with_mean, _ = params
+    v, m = (torch.std_mean if root else torch.var_mean)(tiles[-1], dims, correction=correction, keepdim=keepdim)
+    tiles[0].copy_(v)
+    if with_mean:
+        tiles[1].copy_(m)
+
+
+def moments_partial(dims: tuple[int, ...], offs: None, params: tuple, pm: torch.Tensor, pm2: torch.Tensor,
+                    t: torch.Tensor) -> None:
+    v, m = torch.var_mean(t.to(pm.dtype), dims, correction=0, keepdim=True)
+    pm.copy_(m)
+    torch.mul(v, math.prod(t.shape[d] for d in dims), out=pm2)
+
+
+def chan_combine(sizes: tuple[int, ...], means: torch.Tensor, m2s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Mean and centred second moment of the union of parts (Chan et al.): the parts'
+    counts ``sizes``, means and second moments stacked on dim 0."""
+    n = sum(sizes)
+    cnt = torch.tensor(sizes, dtype=means.dtype).reshape((len(sizes),) + (1,) * (means.dim() - 1))
+    mean = (cnt * means).sum(0) / n
+    m2 = m2s.sum(0) + (cnt * (means - mean) ** 2).sum(0)
+    return mean, m2, n
+
+
+def moments_combine(dims: tuple[int, ...], keepdim: bool, params: tuple, sizes: tuple[int, ...],
+                    *tiles: torch.Tensor) -> None:
+    correction, root, with_mean, _ = params
+    nout = 2 if with_mean else 1
+    mean, m2, n = chan_combine(sizes, *stacked(tiles[nout:], 2))
+    var = m2 / max(n - correction, 0)
+    tiles[0].copy_((var.sqrt() if root else var).reshape(tiles[0].shape))
+    if with_mean:
+        tiles[1].copy_(mean.reshape(tiles[1].shape))
+
+
+MOMENTS = Reduction("var", moments_whole, moments_partial, moments_combine, lambda dt, p: (p[3], p[3]))
+
+
+def moments(x: DataNode, dims: tuple[int, ...], correction: float, keepdim: bool, root: bool,
+            with_mean: bool) -> tuple[DataNode, ...]:
+    """var / std over ``dims`` (none: all) with ``correction``, and the mean if asked."""
+    if not x.dtype.is_floating_point:
+        raise RuntimeError("std and var only support floating point and complex dtypes")
+    name = ("std" if root else "var") + ("_mean" if with_mean else "")
+    params = (correction, root, with_mean, acc_dtype(x.dtype))
+    return reduction(MOMENTS, name, x, norm_dims(dims, len(x.shape)), keepdim, params,
+                     [x.dtype] * (2 if with_mean else 1))
+
+
+# -- vector norms: sums of powers, or extrema of magnitudes, per tile ---------------------
+
+
+def vnorm_whole(dims: tuple[int, ...], keepdim: bool, params: tuple, o: torch.Tensor, t: torch.Tensor) -> None:
+    torch.linalg.vector_norm(t, params[0], dims, keepdim, dtype=o.dtype, out=o)
+
+
+def vnorm_partial(dims: tuple[int, ...], offs: None, params: tuple, p: torch.Tensor, t: torch.Tensor) -> None:
+    order = params[0]
+    a = t.to(p.dtype).abs()
+    if order == math.inf:
+        torch.amax(a, dims, True, out=p)
+    elif order == -math.inf:
+        torch.amin(a, dims, True, out=p)
+    elif order == 0:
+        p.copy_((a != 0).sum(dims, keepdim=True))
+    elif order == 1:
+        torch.sum(a, dims, keepdim=True, out=p)
+    elif order == 2:
+        torch.sum(a * a, dims, keepdim=True, out=p)
+    else:
+        torch.sum(a.pow(order), dims, keepdim=True, out=p)
+
+
+def vnorm_combine(dims: tuple[int, ...], keepdim: bool, params: tuple, sizes: tuple[int, ...], o: torch.Tensor,
+                  *parts: torch.Tensor) -> None:
+    order = params[0]
+    s = torch.stack(parts)
+    if order == math.inf:
+        r = s.amax(0)
+    elif order == -math.inf:
+        r = s.amin(0)
+    else:
+        r = s.sum(0)
+        if order == 2:
+            r = r.sqrt()
+        elif order not in (0, 1):
+            r = r.pow(1.0 / order)
+    o.copy_(r.reshape(o.shape))
+
+
+VNORM = Reduction("linalg_vector_norm", vnorm_whole, vnorm_partial, vnorm_combine, lambda dt, p: (acc_dtype(p[1]),))
+
+
+def vector_norm(x: DataNode, order: float, dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype | None) -> DataNode:
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got "
+                           f"{_type_word(x.dtype)}")
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(f"linalg.vector_norm: dtype should be floating point or complex, but got {_type_word(dtype)}")
+    nd = len(x.shape)
+    rd = norm_dims(dims, nd)
+    if x.numel == 0 and (order < 0 or order == math.inf):
+        shown = "inf" if order == math.inf else "-inf" if order == -math.inf else f"{order:g}"
+        if not dims:
+            raise RuntimeError(f"linalg.vector_norm cannot compute the {shown} norm on an empty tensor because the "
+                               "operation does not have an identity")
+        for d in rd:
+            if x.shape[d] == 0:
+                raise RuntimeError(f"linalg.vector_norm cannot compute the {shown} norm on the dimension {d}because "
+                                   "this dimension is empty and the operation does not have an identity")
+    out = (dtype or x.dtype).to_real()
+    return reduction(VNORM, "linalg_vector_norm", x, rd, keepdim, (order, out), [out])[0]
+
+
+def _type_word(dt: torch.dtype) -> str:
+    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+            torch.bool: "Bool"}.get(dt, str(dt).removeprefix("torch."))

@@ -1,0 +1,336 @@
+"""Index-shaped ops: triangles, ops along one whole dim (cumulative sums, gather,
+scatter), box copies (flip, roll, constant padding), advanced indexing, and the
+embedding gradient.
+
+Each is tiled over the dims it does not index: those share their axis groups with
+the input's, while the dims it indexes (or scans) are whole in a tile.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+from torch_nntile.graph.axes import AxisGroup, new_group, union
+from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.kernels import Kernel
+from torch_nntile.ops.base import Op, kernel_name, record, reduce_into, split_chains
+from torch_nntile.ops.data import fill_tile
+from torch_nntile.tiling.tiles import Arg, Lowering, R, W
+
+# -- tril / triu ---------------------------------------------------------------
+
+
+def tri_tile(upper: bool, k: int, o: torch.Tensor, t: torch.Tensor) -> None:
+    (torch.triu if upper else torch.tril)(t, k, out=o)
+
+
+def copy_tile(o: torch.Tensor, t: torch.Tensor) -> None:
+    o.copy_(t)
+
+
+COPY = Kernel(copy_tile)
+ZERO = Kernel(fill_tile, 0)
+
+
+def _lower_tri(ctx: Lowering, node: OpNode) -> None:
+    upper, k = node.attrs
+    x = ctx.input(node.inputs[0])
+    out = ctx.output(node.outputs[0])
+    name = "triu" if upper else "tril"
+    for idx in out.indices():
+        h, w = out.tile_shape(idx)[-2:]
+        kk = k + out.offs[-2][idx[-2]] - out.offs[-1][idx[-1]]  # the diagonal in the tile's own coordinates
+        # tril keeps j - i <= kk: all of the tile when w - 1 <= kk, none when 1 - h > kk
+        keep_all = (1 - h >= kk) if upper else (w - 1 <= kk)
+        keep_none = (w - 1 < kk) if upper else (1 - h > kk)
+        if h == 0 or w == 0 or keep_none:
+            ctx.task(ZERO, [Arg(out, idx, W)], name)
+        else:
+            ctx.task(COPY if keep_all else Kernel(tri_tile, upper, kk), [Arg(out, idx, W), Arg(x, idx, R)], name)
+
+
+TRI = Op("tri", _lower_tri, lambda node: "triu" if node.attrs[0] else "tril")
+
+
+def tri(x: DataNode, k: int, upper: bool) -> DataNode:
+    return record(TRI, (x,), (upper, k), [(x.shape, x.dtype, x.axes)])[0]
+
+
+# -- ops along whole dims, tiled over the others -----------------------------------
+
+
+def _lower_along(ctx: Lowering, node: OpNode) -> None:
+    fn, name, dims, whole = node.attrs
+    args = []
+    for k, n in enumerate(node.inputs):
+        if k in whole:
+            args.append((ctx.input(n, tuple((s,) for s in n.shape)), (0,) * len(n.shape)))
+        else:
+            args.append((ctx.input(n, ctx.whole(n, dims)), None))
+    out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], dims))
+    for idx in out.indices():
+        ctx.task(fn, [Arg(out, idx, W)] + [Arg(a, idx if z is None else z, R) for a, z in args], name)
+
+
+ALONG = Op("along", _lower_along, kernel_name)
+"""Inputs and output of one rank whose other dims share axis groups (their extents
+agree): one task per tile, ``dims`` whole in every tile; inputs at the positions
+``whole`` (an index vector, a 0-dim value) go whole to every task."""
+
+
+def along(name: str, fn: Kernel, inputs: list[DataNode], dims: tuple[int, ...], shape: tuple[int, ...],
+          dtype: torch.dtype, whole: tuple[int, ...] = ()) -> DataNode:
+    """Record ``fn(out_tile, *input_tiles)`` with ``dims`` whole; the other dims of the
+    inputs (but those at positions ``whole``) and the output are merged (each must have
+    the output's extent there)."""
+    tiled = [n for k, n in enumerate(inputs) if k not in whole]
+    axes: list[AxisGroup] = []
+    for d, s in enumerate(shape):
+        if d in dims:
+            axes.append(new_group(s))
+            continue
+        g = tiled[0].axes[d]
+        for n in tiled[1:]:
+            union(g, n.axes[d])
+        axes.append(g)
+    return record(ALONG, tuple(inputs), (fn, name, dims, whole), [(shape, dtype, tuple(axes))])[0]
+
+
+# -- box copies: flip, roll, constant padding -------------------------------------
+#
+# Each output dim maps onto the input's by segments ``(o0, o1, i0, rev)``: output
+# coordinate o in [o0, o1) reads input coordinate i0 + (o - o0), or i0 - (o - o0)
+# when ``rev``; coordinates in no segment take the fill value. An output tile reads
+# the input tiles its segments overlap, box by box.
+
+Segment = tuple[int, int, int, bool]
+
+
+def _pieces(segs: tuple[Segment, ...], lo: int, hi: int, in_offs: tuple[int, ...],
+            in_sizes: tuple[int, ...]) -> tuple[list[tuple[int, int, int, int, int, bool]], bool]:
+    """The pieces of output range [lo, hi): (out start, out stop) local to the tile,
+    input tile, (in start, in stop) local to that tile, reversed; and whether they
+    cover the range."""
+    out, covered = [], 0
+    for o0, o1, i0, rev in segs:
+        a, b = max(lo, o0), min(hi, o1)
+        if a >= b:
+            continue
+        covered += b - a
+        # input coordinates [p, q) that output [a, b) reads
+        p, q = (i0 + a - o0, i0 + b - o0) if not rev else (i0 - (b - 1 - o0), i0 - (a - o0) + 1)
+        for t, (off, size) in enumerate(zip(in_offs, in_sizes)):
+            s, e = max(p, off), min(q, off + size)
+            if s >= e:
+                continue
+            oa, ob = (o0 + s - i0, o0 + e - i0) if not rev else (o0 + i0 - e + 1, o0 + i0 - s + 1)
+            out.append((oa - lo, ob - lo, t, s - off, e - off, rev))
+    return out, covered == hi - lo
+
+
+def copy_box_tile(value: Any, boxes: tuple[Any, ...], o: torch.Tensor, *srcs: torch.Tensor) -> None:
+    """Fill ``o`` with ``value`` (unless None), then copy each box: ``(source position,
+    destination box, source box, dims to reverse)``."""
+    if value is not None:
+        o.fill_(value)
+    for pos, dbox, sbox, rev in boxes:
+        part = srcs[pos][tuple(slice(a, b) for a, b in sbox)]
+        o[tuple(slice(a, b) for a, b in dbox)].copy_(part.flip(rev) if rev else part)
+
+
+def _lower_boxes(ctx: Lowering, node: OpNode) -> None:
+    segs, value, name = node.attrs
+    x = ctx.input(node.inputs[0])
+    out = ctx.output(node.outputs[0])
+    nd = len(out.shape)
+    for idx in out.indices():
+        per_dim, full = [], True
+        for d in range(nd):
+            lo = out.offs[d][idx[d]]
+            ps, cov = _pieces(segs[d], lo, lo + out.tiling[d][idx[d]], x.offs[d], x.tiling[d])
+            per_dim.append(ps)
+            full = full and cov
+        srcs: dict[tuple[int, ...], int] = {}
+        boxes = []
+        for combo in itertools.product(*per_dim):
+            sidx = tuple(p[2] for p in combo)
+            pos = srcs.setdefault(sidx, len(srcs))
+            boxes.append((pos, tuple((p[0], p[1]) for p in combo), tuple((p[3], p[4]) for p in combo),
+                          tuple(d for d, p in enumerate(combo) if p[5])))
+        kernel = Kernel(copy_box_tile, None if full else value, tuple(boxes))
+        ctx.task(kernel, [Arg(out, idx, W)] + [Arg(x, s, R) for s in srcs], name)
+
+
+BOXES = Op("boxes", _lower_boxes, lambda node: node.attrs[2])
+
+
+def boxes(name: str, x: DataNode, segs: tuple[tuple[Segment, ...], ...], shape: tuple[int, ...], value: Any,
+          dtype: torch.dtype | None = None) -> DataNode:
+    """Record a box copy; a dim of the input's extent keeps the input's group (any
+    tiling of it works: a tile reads the input tiles its boxes overlap)."""
+    axes = tuple(x.axes[d] if s == x.shape[d] else new_group(s) for d, s in enumerate(shape))
+    return record(BOXES, (x,), (segs, value, name), [(shape, dtype or x.dtype, axes)])[0]
+
+
+def flip(x: DataNode, dims: tuple[int, ...]) -> DataNode:
+    segs = tuple(((0, s, s - 1, True),) if d in dims and s else ((0, s, 0, False),) for d, s in enumerate(x.shape))
+    return boxes("flip", x, segs, x.shape, None)
+
+
+def roll(x: DataNode, shifts: dict[int, int]) -> DataNode:
+    segs = []
+    for d, n in enumerate(x.shape):
+        s = shifts.get(d, 0) % n if n else 0
+        segs.append(tuple(seg for seg in ((s, n, 0, False), (0, s, n - s, False)) if seg[0] < seg[1]))
+    return boxes("roll", x, tuple(segs), x.shape, None)
+
+
+def constant_pad(x: DataNode, pads: list[tuple[int, int]], value: Any, shape: tuple[int, ...]) -> DataNode:
+    """``pads[d]`` = (before, after) per dim, negative to crop; ``shape`` the result's."""
+    segs = []
+    for (b, _), n, m in zip(pads, x.shape, shape):
+        o0, o1 = max(b, 0), min(b + n, m)
+        segs.append(((o0, o1, o0 - b, False),) if o0 < o1 else ())
+    return boxes("constant_pad_nd", x, tuple(segs), shape, value)
+
+
+# -- advanced indexing -----------------------------------------------------------------
+
+
+def _index_list(pattern: tuple[bool, ...], its: tuple[torch.Tensor, ...]) -> list[torch.Tensor | None]:
+    it = iter(its)
+    return [next(it) if p else None for p in pattern]
+
+
+def index_tile(pattern: tuple[bool, ...], o: torch.Tensor, x: torch.Tensor, *its: torch.Tensor) -> None:
+    torch.ops.aten.index.Tensor_out(x, _index_list(pattern, its), out=o)
+
+
+def index_put_tile(pattern: tuple[bool, ...], accumulate: bool, o: torch.Tensor, x: torch.Tensor, v: torch.Tensor,
+                   *its: torch.Tensor) -> None:
+    o.copy_(x)
+    torch.ops.aten._index_put_impl_(o, _index_list(pattern, its), v, accumulate, False)
+
+
+def _lower_index(ctx: Lowering, node: OpNode) -> None:
+    pattern, indexed, kept, put, accumulate = node.attrs
+    kept = dict(kept)
+    xn = node.inputs[0]
+    nx = len(xn.shape)
+    x = ctx.input(xn, ctx.whole(xn, indexed))
+    its = [ctx.input(n, tuple((s,) for s in n.shape)) for n in node.inputs[2 if put else 1:]]
+    targs = [Arg(a, (0,) * len(a.shape), R) for a in its]
+    if put:
+        vn = node.inputs[1]
+        v = ctx.input(vn, ctx.whole(vn, set(range(len(vn.shape))) - set(kept)))
+        out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], indexed))
+        kernel = Kernel(index_put_tile, pattern, accumulate)
+        for idx in out.indices():
+            vi = [0] * len(vn.shape)
+            for vd, xd in kept.items():
+                vi[vd] = idx[xd]
+            ctx.task(kernel, [Arg(out, idx, W), Arg(x, idx, R), Arg(v, tuple(vi), R), *targs], "index_put")
+        return
+    on = node.outputs[0]
+    out = ctx.output(on, ctx.whole(on, set(range(len(on.shape))) - set(kept)))
+    kernel = Kernel(index_tile, pattern)
+    for idx in out.indices():
+        xi = [0] * nx
+        for od, xd in kept.items():
+            xi[xd] = idx[od]
+        ctx.task(kernel, [Arg(out, idx, W), Arg(x, tuple(xi), R), *targs], "index")
+
+
+INDEX = Op("index", _lower_index, lambda node: "index_put" if node.attrs[2] else "index")
+
+
+def index_layout(x_ndim: int, indexed: tuple[int, ...], bshape: tuple[int, ...]) -> tuple[int, dict[int, int]]:
+    """Where ``x[indices]`` puts the broadcast index dims (their first position) and
+    which result dim each kept (not ``indexed``) dim of ``x`` becomes."""
+    pos = list(indexed)
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    start = pos[0] if adjacent else 0
+    kept, r = {}, 0
+    for d in range(x_ndim):
+        if d in pos:
+            continue
+        if r == start:
+            r += len(bshape)
+        kept[d] = r
+        r += 1
+    return start, kept
+
+
+def index(x: DataNode, pattern: tuple[bool, ...], indexed: tuple[int, ...], its: list[DataNode],
+          shape: tuple[int, ...], bshape: tuple[int, ...]) -> DataNode:
+    """``x[indices]``: ``pattern`` says which entries of the index list are tensors (``its``,
+    in order; a bool mask stands for as many dims as it has), ``indexed`` the dims of
+    ``x`` they index, ``shape`` the result's, ``bshape`` the broadcast index shape."""
+    _, kept_x = index_layout(len(x.shape), indexed, bshape)
+    axes: list[AxisGroup | None] = [None] * len(shape)
+    for xd, od in kept_x.items():
+        axes[od] = x.axes[xd]
+    full = tuple(a if a is not None else new_group(s) for a, s in zip(axes, shape))
+    kept = tuple(sorted((od, xd) for xd, od in kept_x.items()))
+    return record(INDEX, (x, *its), (pattern, indexed, kept, False, False), [(shape, x.dtype, full)])[0]
+
+
+def index_put(x: DataNode, pattern: tuple[bool, ...], indexed: tuple[int, ...], its: list[DataNode],
+              values: DataNode, bshape: tuple[int, ...], accumulate: bool) -> DataNode:
+    """``x`` with ``x[indices] = values`` (or ``+=``); ``values`` already has the shape
+    of ``x[indices]``."""
+    _, kept_x = index_layout(len(x.shape), indexed, bshape)
+    for xd, vd in kept_x.items():
+        union(x.axes[xd], values.axes[vd])
+    kept = tuple(sorted((vd, xd) for xd, vd in kept_x.items()))
+    return record(INDEX, (x, values, *its), (pattern, indexed, kept, True, accumulate),
+                  [(x.shape, x.dtype, x.axes)])[0]
+
+
+# -- the gradient of an embedding, tiled along the embedding dim ----------------------
+
+
+def embedding_backward_tile(num_weights: int, padding_idx: int, scale: bool, o: torch.Tensor, g: torch.Tensor,
+                            i: torch.Tensor) -> None:
+    torch.ops.aten.embedding_dense_backward.out(g, i, num_weights, padding_idx, scale, out=o)
+
+
+def embedding_backward_tile_into(num_weights: int, padding_idx: int, scale: bool, o: torch.Tensor, g: torch.Tensor,
+                                 i: torch.Tensor) -> None:
+    o.add_(torch.ops.aten.embedding_dense_backward(g, i, num_weights, padding_idx, scale))
+
+
+def _lower_embedding_backward(ctx: Lowering, node: OpNode) -> None:
+    """One task per tile of the embedding dim; with tiled leading dims (batch, sequence),
+    each row tile adds its part into the gradient (a reduction), unless the gradient
+    is scaled by frequencies, which counts over all rows: then they are gathered."""
+    gn, inn = node.inputs
+    num_weights, padding_idx, scale = node.attrs
+    lead = range(len(gn.shape) - 1)
+    if scale:
+        g = ctx.input(gn, ctx.whole(gn, lead))
+        i = ctx.input(inn, tuple((s,) for s in inn.shape))
+    else:  # the indices (small) follow the gradient's row tiles
+        g = ctx.input(gn)
+        i = ctx.input(inn, g.tiling[:-1])
+    out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], (0,)))
+    write = Kernel(embedding_backward_tile, *node.attrs)
+    acc = Kernel(embedding_backward_tile_into, *node.attrs)
+    rows = list(itertools.product(*(range(g.grid[d]) for d in lead)))
+    nchains = split_chains(ctx, node, len(rows), out.grid[1])
+    for j in range(out.grid[1]):
+        parts = [(write, acc, [Arg(g, (*r, j), R), Arg(i, r, R)]) for r in rows]
+        reduce_into(ctx, out, (0, j), parts, "embedding_dense_backward", nchains)
+
+
+EMBEDDING_BACKWARD = Op("embedding_dense_backward", _lower_embedding_backward, cost=lambda node: node.inputs[0].numel)
+
+
+def embedding_backward(g: DataNode, indices: DataNode, num_weights: int, padding_idx: int, scale: bool) -> DataNode:
+    d = g.shape[-1]
+    axes = (new_group(num_weights), g.axes[-1])
+    return record(EMBEDDING_BACKWARD, (g, indices), (num_weights, padding_idx, scale),
+                  [((num_weights, d), g.dtype, axes)])[0]

@@ -1,0 +1,275 @@
+"""Losses: negative log-likelihood (``nll_loss``, ``nll_loss2d``) and mean squared error.
+
+NLL: input ``(N, C, *S)``, target ``(N, *S)``; the class dim may be tiled. Each tile
+of classes picks the targets that fall in it (the others contribute 0), so a loss
+over a large vocabulary never needs the classes in one tile: per row the parts of
+the class tiles are summed, for a reduced loss all parts are. The total weight
+depends on the targets only, so it is computed apart from the loss (the backward of
+one row tile need not wait for the forward of the others).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_nntile.graph.axes import union
+from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.kernels import Kernel
+from torch_nntile.ops.base import NotNative, Op, map_op, record
+from torch_nntile.ops.data import fill_tile
+from torch_nntile.ops.reduce import sum_op
+from torch_nntile.ops.views import reshape
+from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
+
+NONE, MEAN, SUM_RED = 0, 1, 2
+
+
+# -- negative log-likelihood ------------------------------------------------------------
+
+
+def _picked(ignore_index: int, lo: int, classes: int | None, x: torch.Tensor, t: torch.Tensor,
+            w: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``-w[t] * x[:, t - lo]`` per row where the target falls in this tile of classes
+    (``lo`` on), 0 elsewhere. With ``classes``, targets out of range raise as on CPU."""
+    if classes is not None:
+        bad = ((t < 0) | (t >= classes)) & (t != ignore_index)
+        if bool(bad.any()):
+            raise IndexError(f"Target {int(t[bad].flatten()[0])} is out of bounds.")
+    inside = (t >= lo) & (t < lo + x.shape[1]) & (t != ignore_index)
+    v = x.gather(1, torch.where(inside, t - lo, 0).unsqueeze(1)).squeeze(1)
+    if w:
+        v = v * w[0][torch.where(inside, t, 0)]
+    return torch.where(inside, -v, 0)
+
+
+def nll_rows_tile(ignore_index: int, lo: int, classes: int | None, o: torch.Tensor, x: torch.Tensor,
+                  t: torch.Tensor, *w: torch.Tensor) -> None:
+    o.copy_(_picked(ignore_index, lo, classes, x, t, w))
+
+
+def nll_sum_tile(ignore_index: int, lo: int, classes: int | None, o: torch.Tensor, x: torch.Tensor,
+                 t: torch.Tensor, *w: torch.Tensor) -> None:
+    o.copy_(_picked(ignore_index, lo, classes, x, t, w).sum())
+
+
+def nll_weight_tile(ignore_index: int, two: torch.Tensor, tt: torch.Tensor, *wt: torch.Tensor) -> None:
+    mask = tt != ignore_index
+    two.copy_(mask.sum() if not wt else wt[0][tt[mask]].sum())
+
+
+def sum_of(acc: torch.Tensor, *parts: torch.Tensor) -> None:
+    acc.copy_(torch.stack(parts).sum())
+
+
+def sum_stack(acc: torch.Tensor, *parts: torch.Tensor) -> None:
+    torch.sum(torch.stack(parts), 0, out=acc)
+
+
+def divide_by(lo: torch.Tensor, two: torch.Tensor) -> None:
+    lo.div_(two)
+
+
+def _row_index(ti: tuple[int, ...], j: int) -> tuple[int, ...]:
+    """The input tile of the target tile ``ti`` and the class tile ``j``."""
+    return (ti[0], j) + ti[1:]
+
+
+def _lower_nll(ctx: Lowering, node: OpNode) -> None:
+    reduction, ignore_index, name = node.attrs
+    xn = node.inputs[0]
+    x, t = ctx.input(xn), ctx.input(node.inputs[1])
+    w = ctx.input(node.inputs[2], ctx.whole(node.inputs[2], (0,))) if len(node.inputs) > 2 else None
+    loss, tw = ctx.output(node.outputs[0]), ctx.output(node.outputs[1])
+    wargs = [Arg(w, (0,), R)] if w is not None else []
+    classes = xn.shape[1]
+    nc = x.grid[1]
+    rows = list(t.indices())
+
+    def pick(kernel: object, ti: tuple[int, ...], j: int) -> tuple[Kernel, list[Arg]]:
+        k = Kernel(kernel, ignore_index, x.offs[1][j], classes if j == 0 else None)  # one class tile checks
+        return k, [Arg(x, _row_index(ti, j), R), Arg(t, ti, R), *wargs]
+
+    if reduction == NONE:
+        for ti in rows:
+            if nc == 1:
+                k, args = pick(nll_rows_tile, ti, 0)
+                ctx.task(k, [Arg(loss, ti, W), *args], name)
+                continue
+            parts = []
+            for j in range(nc):
+                p = ctx.temp(loss.tile_shape(ti), loss.dtype)
+                k, args = pick(nll_rows_tile, ti, j)
+                ctx.task(k, [Arg(p, (0,) * len(ti), W), *args], name)
+                parts.append(Arg(p, (0,) * len(ti), R))
+            ctx.task(Kernel(sum_stack), [Arg(loss, ti, W), *parts], name)
+        ctx.task(Kernel(fill_tile, 0), [Arg(tw, (), W)], name)
+        return
+
+    weight_part = Kernel(nll_weight_tile, ignore_index)
+    if len(rows) == 1 and nc == 1:
+        ctx.task(weight_part, [Arg(tw, (), W), Arg(t, rows[0], R), *wargs], name)
+        k, args = pick(nll_sum_tile, rows[0], 0)
+        ctx.task(k, [Arg(loss, (), W), *args], name)
+    else:
+        pws, pls = [], []
+        for ti in rows:
+            pw = ctx.temp((), tw.dtype)
+            ctx.task(weight_part, [Arg(pw, (), W), Arg(t, ti, R), *wargs], name)
+            pws.append(Arg(pw, (), R))
+            for j in range(nc):
+                pl = ctx.temp((), loss.dtype)
+                k, args = pick(nll_sum_tile, ti, j)
+                ctx.task(k, [Arg(pl, (), W), *args], name)
+                pls.append(Arg(pl, (), R))
+        ctx.task(Kernel(sum_of), [Arg(tw, (), W), *pws], name)
+        ctx.task(Kernel(sum_of), [Arg(loss, (), W), *pls], name)
+    if reduction == MEAN:
+        ctx.task(Kernel(divide_by), [Arg(loss, (), RW), Arg(tw, (), R)], name)
+
+
+NLL = Op("nll_loss_forward", _lower_nll, lambda node: node.attrs[2], cost=lambda node: node.inputs[1].numel)
+
+
+def nll_backward_tile(reduction: int, ignore_index: int, lo: int, o: torch.Tensor, g: torch.Tensor, t: torch.Tensor,
+                      tw: torch.Tensor, *w: torch.Tensor) -> None:
+    """Zeros but at the targets that fall in this tile of classes: ``-w[t] * g``
+    (``g / total_weight`` for the mean)."""
+    inside = (t >= lo) & (t < lo + o.shape[1]) & (t != ignore_index)
+    scale = g / tw if reduction == MEAN else g
+    v = -(w[0][torch.where(inside, t, 0)] * scale if w else scale)
+    v = torch.where(inside, v, 0).to(o.dtype)
+    o.zero_()
+    o.scatter_(1, torch.where(inside, t - lo, 0).unsqueeze(1), v.unsqueeze(1))
+
+
+def _lower_nll_backward(ctx: Lowering, node: OpNode) -> None:
+    reduction, ignore_index, name = node.attrs
+    g, t, tw = ctx.input(node.inputs[0]), ctx.input(node.inputs[2]), ctx.input(node.inputs[3])
+    w = ctx.input(node.inputs[4], ctx.whole(node.inputs[4], (0,))) if len(node.inputs) > 4 else None
+    out = ctx.output(node.outputs[0])
+    wargs = [Arg(w, (0,), R)] if w is not None else []
+    for idx in out.indices():
+        ti = (idx[0],) + idx[2:]
+        k = Kernel(nll_backward_tile, reduction, ignore_index, out.offs[1][idx[1]])
+        ctx.task(k, [Arg(out, idx, W), Arg(g, ti if reduction == NONE else (), R), Arg(t, ti, R), Arg(tw, (), R),
+                     *wargs], name)
+
+
+NLL_BACKWARD = Op("nll_loss_backward", _lower_nll_backward, lambda node: node.attrs[2])
+
+
+def _check_nll(x: DataNode, t: DataNode, w: DataNode | None) -> None:
+    """PyTorch's own checks of nll_loss arguments, with its messages."""
+    if not 1 <= len(x.shape) <= 2:
+        raise RuntimeError("input tensor should be 1D or 2D")
+    if len(t.shape) > 1:
+        raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
+    if len(x.shape) == 1 and t.shape:
+        raise NotNative("nll_loss of a 1-D input with a 1-D target")
+    if len(x.shape) == 2 and (not t.shape or t.shape[0] != x.shape[0]):
+        raise RuntimeError(f"size mismatch (got input: {list(x.shape)}, target: {list(t.shape)})")
+    if w is not None and w.numel != x.shape[-1]:
+        raise RuntimeError(f"weight tensor should be defined either for all {x.shape[-1]} classes or no classes "
+                           f"but got weight tensor of shape: {list(w.shape)}")
+    if x.shape[-1] == 0:
+        raise NotNative("nll_loss over no classes")
+
+
+def _check_nll2d(x: DataNode, t: DataNode, w: DataNode | None) -> None:
+    if len(t.shape) != 3:
+        raise RuntimeError(f"only batches of spatial targets supported (3D tensors) but got targets of dimension: "
+                           f"{len(t.shape)}")
+    if len(x.shape) != 4:
+        raise RuntimeError(f"only batches of spatial inputs supported (4D tensors), but got input of dimension: "
+                           f"{len(x.shape)}")
+    if w is not None and w.numel != x.shape[1]:
+        raise RuntimeError("weight tensor should be defined either for all or no classes")
+    if (x.shape[0],) + x.shape[2:] != t.shape:
+        raise RuntimeError(f"size mismatch (got input: {list(x.shape)} , target: {list(t.shape)}")
+    if x.shape[1] == 0:
+        raise NotNative("nll_loss2d over no classes")
+
+
+def _check(x: DataNode, t: DataNode, w: DataNode | None, spatial: bool) -> None:
+    (_check_nll2d if spatial else _check_nll)(x, t, w)
+
+
+def _union_rows(x: DataNode, t: DataNode) -> None:
+    for a, b in zip((x.axes[0],) + x.axes[2:], t.axes):
+        union(a, b)
+
+
+def nll_loss(x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignore_index: int,
+             spatial: bool = False) -> tuple[DataNode, DataNode]:
+    """``nll_loss_forward`` (input (N, C) or (C,)), or ``nll_loss2d_forward`` (``spatial``:
+    input (N, C, H, W)): the loss and the total weight."""
+    _check(x, t, w, spatial)
+    if len(x.shape) == 1:  # one sample: (C,) with target ()
+        loss, tw = nll_loss(reshape(x, (1, x.shape[0])), reshape(t, (1,)), w, reduction, ignore_index)
+        return (reshape(loss, ()) if reduction == NONE else loss), tw
+    _union_rows(x, t)
+    inputs = (x, t) if w is None else (x, t, w)
+    lshape, laxes = (t.shape, t.axes) if reduction == NONE else ((), ())
+    name = "nll_loss2d_forward" if spatial else "nll_loss_forward"
+    return record(NLL, inputs, (reduction, ignore_index, name), [(lshape, x.dtype, laxes), ((), x.dtype, ())])
+
+
+def nll_loss_backward(g: DataNode, x: DataNode, t: DataNode, w: DataNode | None, reduction: int, ignore_index: int,
+                      tw: DataNode, spatial: bool = False) -> DataNode:
+    _check(x, t, w, spatial)
+    if len(x.shape) == 1:
+        g2 = reshape(g, (1,)) if reduction == NONE else g
+        return reshape(nll_loss_backward(g2, reshape(x, (1, x.shape[0])), reshape(t, (1,)), w, reduction,
+                                         ignore_index, tw), x.shape)
+    _union_rows(x, t)
+    if reduction == NONE:
+        if g.shape != t.shape:
+            raise RuntimeError(f"Expected a tensor of dimension {len(t.shape)} and tensor.size[0] == {t.shape[0]} "
+                               f"but got: dimension {len(g.shape)} and tensor.size[0] == "
+                               f"{g.shape[0] if g.shape else 1}")
+        for a, b in zip(g.axes, t.axes):
+            union(a, b)
+    elif g.numel != 1:
+        raise RuntimeError(f"Expected a single element grad_output tensor, but got: {list(g.shape)}")
+    elif g.shape:
+        g = reshape(g, ())
+    inputs = (g, x, t, tw) if w is None else (g, x, t, tw, w)
+    name = "nll_loss2d_backward" if spatial else "nll_loss_backward"
+    return record(NLL_BACKWARD, inputs, (reduction, ignore_index, name), [(x.shape, x.dtype, x.axes)])[0]
+
+
+# -- mean squared error ----------------------------------------------------------------
+
+
+def mse_tile(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+    torch.sub(x, y, out=o)
+    o.square_()
+
+
+def mse_backward_tile(scale: float, o: torch.Tensor, g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+    torch.mul((x - y) * scale, g, out=o)  # CPU's order: norm * (input - target) * grad
+
+
+def _check_mse(x: DataNode, dtype: torch.dtype) -> None:
+    if not (dtype.is_floating_point or dtype.is_complex):
+        raise NotImplementedError(f"\"mse_cpu\" not implemented for '{_type_word(dtype)}'")
+
+
+def _type_word(dt: torch.dtype) -> str:
+    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+            torch.bool: "Bool"}.get(dt, str(dt).removeprefix("torch."))
+
+
+def mse_loss(x: DataNode, y: DataNode, reduction: int, dtype: torch.dtype) -> DataNode:
+    """``(x - y)^2`` elementwise, then its mean or sum (tiled as any sum)."""
+    _check_mse(x, dtype)
+    d = map_op("mse_loss", Kernel(mse_tile), [x, y], dtype)
+    if reduction == NONE:
+        return d
+    return sum_op(d, (), False, dtype, mean=reduction == MEAN)
+
+
+def mse_loss_backward(g: DataNode, x: DataNode, y: DataNode, reduction: int, dtype: torch.dtype) -> DataNode:
+    _check_mse(x, dtype)
+    scale = 2.0 / x.numel if reduction == MEAN and x.numel else 2.0
+    return map_op("mse_loss_backward", Kernel(mse_backward_tile, scale), [g, x, y], dtype)
