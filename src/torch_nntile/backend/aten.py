@@ -153,7 +153,22 @@ def _operand(x: Any) -> DataNode | Any:
 def promote(*xs: Any) -> torch.dtype:
     """PyTorch's result dtype for tensors and numbers (dimensioned tensors over 0-dim
     tensors over Python numbers), for any number of operands."""
+    first = xs[0]
+    if isinstance(first, torch.Tensor):  # the common case, decided without PyTorch's general rule
+        dt = first.dtype
+        if all(type(x) is torch.Tensor and x.dtype is dt or _keeps(x, dt) for x in xs[1:]):
+            return dt
     return elementwise_dtypes(*xs, type_promotion_kind=_DEFAULT_PROMOTION)[1]
+
+
+def _keeps(x: Any, dt: torch.dtype) -> bool:
+    """Whether Python number ``x`` leaves a tensor of dtype ``dt`` at that dtype."""
+    kind = type(x)
+    if kind is bool:
+        return True
+    if kind is int:
+        return dt is not torch.bool
+    return kind is float and dt.is_floating_point or dt.is_complex and kind in (float, complex)
 
 
 def as_floating(dt: torch.dtype) -> torch.dtype:

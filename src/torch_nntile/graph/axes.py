@@ -134,35 +134,56 @@ def clear_tiling(name: str) -> None:
     _TILINGS.pop(name, None)
 
 
-def tiling_of(root: AxisGroup) -> tuple[int, ...]:
-    """The tile sizes of a root group: its named tiling, or a single tile.
+def tiling_of(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None = None) -> tuple[int, ...]:
+    """The tile sizes of a root group: its named tiling, a tiling derived from the
+    group it was reshaped from, or a single tile. ``cache`` (root -> sizes) holds the
+    answers of one compile, derivation chains included.
 
     A group that carries several names (ops merged named groups) takes the tiling
     set for any of them; two different tilings are an error naming both.
     """
+    if not _TILINGS:
+        return (root.extent,)
+    if cache is not None:
+        done = cache.get(root)
+        if done is not None:
+            return done
     set_for = [(n, _TILINGS[n]) for n in root.names() if n in _TILINGS]
     if not set_for:
-        return _derived(root)
-    sizes = normalize_tiling(set_for[0][1], root.extent, describe(root))
-    for n, t in set_for[1:]:
-        other = normalize_tiling(t, root.extent, describe(root))
-        if other != sizes:
-            raise ValueError(
-                f"axis group {describe(root)}: ops merged groups tiled differently "
-                f"({set_for[0][0]!r}: {list(sizes)}, {n!r}: {list(other)}); give them one tiling"
-            )
+        sizes = _derived(root, cache, set())
+    else:
+        sizes = normalize_tiling(set_for[0][1], root.extent, describe(root))
+        for n, t in set_for[1:]:
+            other = normalize_tiling(t, root.extent, describe(root))
+            if other != sizes:
+                raise ValueError(
+                    f"axis group {describe(root)}: ops merged groups tiled differently "
+                    f"({set_for[0][0]!r}: {list(sizes)}, {n!r}: {list(other)}); give them one tiling"
+                )
+    if cache is not None:
+        cache[root] = sizes
     return sizes
 
 
-def _derived(root: AxisGroup, depth: int = 0) -> tuple[int, ...]:
-    """The tiling a group with none of its own takes from the group it was reshaped from."""
-    if root.derive is None or depth > 64:
+def _derived(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None,
+             seen: set[AxisGroup]) -> tuple[int, ...]:
+    """The tiling a group with none of its own takes from the group it was reshaped
+    from (``seen``: the groups of this chain, so a cycle of derivations ends)."""
+    if root.derive is None or root in seen:
         return (root.extent,)
+    seen.add(root)
     src, factor = root.derive
     src = src.root()
-    if src is root:
+    if src in seen:
         return (root.extent,)
-    base = tiling_of(src) if any(n in _TILINGS for n in src.names()) else _derived(src, depth + 1)
+    base = cache.get(src) if cache is not None else None
+    if base is None:
+        if any(n in _TILINGS for n in src.names()):
+            base = tiling_of(src, cache)
+        else:
+            base = _derived(src, cache, seen)
+            if cache is not None:
+                cache[src] = base
     if factor > 0:
         sizes = tuple(s * factor for s in base)
     elif all(s % -factor == 0 for s in base):

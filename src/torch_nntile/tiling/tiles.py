@@ -123,7 +123,7 @@ class Lowering:
             r = ax.root()
             t = self._tilings.get(r)
             if t is None:
-                t = self._tilings[r] = tiling_of(r)
+                t = tiling_of(r, self._tilings)
             out.append(t)
         done = self._node_tilings[node] = tuple(out)
         return done
