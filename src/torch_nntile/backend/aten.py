@@ -32,6 +32,7 @@ aten = torch.ops.aten
 _LIB = torch.library.Library("aten", "IMPL")
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 REGISTERED: set[str] = set()
+IMPLS: dict[str, Callable[..., Any]] = {}  # overload -> its kernel here, for calls from our own kernels
 Scalar = int | float | bool
 _DEFAULT_PROMOTION = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 
@@ -66,6 +67,7 @@ def register(name: str, fn: Callable[..., Any]) -> None:
 
     _LIB.impl(name, recorded, "PrivateUse1")
     REGISTERED.add(name)
+    IMPLS[name] = recorded
 
 
 def overload_exists(name: str) -> bool:
@@ -178,9 +180,15 @@ def as_floating(dt: torch.dtype) -> torch.dtype:
 def out_kernel(fn: Callable[..., Any], args: list[Any], **kw: Any) -> tuple[Kernel, list[DataNode]]:
     """The kernel ``fn(*args, **kw, out=tile)`` with the tensor arguments replaced by
     their tiles (the nodes returned, in order) and the others baked in as data."""
-    vals = [_operand(a) for a in args]
-    consts = tuple(TILE if isinstance(v, DataNode) else v for v in vals)  # the kernel keeps no input values alive
-    return Kernel(call_out, fn, tuple(kw.items()), consts), [v for v in vals if isinstance(v, DataNode)]
+    consts, nodes = [], []
+    for a in args:
+        v = _operand(a)
+        if type(v) is DataNode:
+            nodes.append(v)
+            consts.append(TILE)  # the kernel keeps no input values alive
+        else:
+            consts.append(v)
+    return Kernel(call_out, fn, tuple(kw.items()) if kw else (), tuple(consts)), nodes
 
 
 def ew(name: str, fn: Callable[..., Any], args: list[Any], dtype: torch.dtype, **kw: Any) -> DataNode:

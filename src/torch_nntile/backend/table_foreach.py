@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from torch_nntile.backend.aten import REGISTERED, aten, overload_exists, register
+from torch_nntile.backend.aten import IMPLS, REGISTERED, aten, overload_exists, register
 from torch_nntile.backend.device import is_nntile, to_cpu
 
 # ``_foreach_X`` runs ``X`` per list element through the dispatcher. Where ``X`` has
@@ -33,7 +33,13 @@ def _foreach(name: str) -> bool:
     if not any(r.partition(".")[0] == per_name for r in REGISTERED):
         return False
     per = getattr(aten, per_name)
-    per_schema = next(getattr(per, o)._schema for o in per.overloads() if "out" not in o)
+    per_ov = _PER_OVERLOAD.get((stem, ov), _PER_OVERLOAD.get(ov, "default"))
+    if per_ov not in per.overloads():
+        per_ov = next(o for o in per.overloads() if "out" not in o)
+    per_schema = getattr(per, per_ov)._schema
+    # Called from inside a kernel of ours (below autograd), the element op's own kernel
+    # here is what the dispatcher would pick: call it directly, skipping the dispatch.
+    per = IMPLS.get(per_name if per_ov == "default" else f"{per_name}.{per_ov}", per)
     kwnames = {i: a.name for i, a in enumerate(per_schema.arguments) if a.kwarg_only}
     kinds = []  # per positional argument: "list", "scalars" (1-D tensor of values) or "same"
     for a in schema.arguments:
@@ -68,6 +74,15 @@ def _foreach(name: str) -> bool:
     register(name, f)
     return True
 
+
+# The element op overload each foreach overload runs: by (op, overload), else by overload.
+_PER_OVERLOAD = {"List": "Tensor", "Tensor": "Tensor", "Scalar": "Scalar", "ScalarList": "Scalar",
+                 ("pow", "List"): "Tensor_Tensor", ("pow", "Scalar"): "Tensor_Scalar",
+                 ("pow", "ScalarList"): "Tensor_Scalar", ("pow", "ScalarAndTensor"): "Scalar",
+                 ("addcmul", "Scalar"): "default", ("addcmul", "ScalarList"): "default",
+                 ("addcmul", "Tensor"): "default", ("addcdiv", "Scalar"): "default",
+                 ("addcdiv", "ScalarList"): "default", ("addcdiv", "Tensor"): "default",
+                 ("clamp_min", "List"): "Tensor", ("clamp_max", "List"): "Tensor"}
 
 _UNARY_FOREACH = ("abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfc", "exp", "expm1", "floor",
                   "frac", "lgamma", "log", "log10", "log1p", "log2", "neg", "reciprocal", "round", "rsqrt",

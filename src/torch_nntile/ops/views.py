@@ -8,6 +8,7 @@ diagonals) goes through a gathered ``as_strided`` on a single tile.
 
 from __future__ import annotations
 
+import itertools
 import math
 from functools import lru_cache
 
@@ -74,17 +75,11 @@ def _blocks(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[list[int], lis
     return out
 
 
-def reshape_tile(o: torch.Tensor, t: torch.Tensor) -> None:
-    o.copy_(t.reshape(o.shape))
-
-
-RESHAPE_TILE = Kernel(reshape_tile)
-
-
 def _lower_reshape(ctx: Lowering, node: OpNode) -> None:
     """A tile's box reshapes like the whole value where each block of dims the reshape
     maps (one to one, one to several, several to one) is tiled on its first dim only,
-    with tile sizes that agree across the block; other blocks are whole in a tile."""
+    with tile sizes that agree across the block; other blocks are whole in a tile.
+    No data moves: the output shares the input's tiles."""
     xn, on = node.inputs[0], node.outputs[0]
     tin, tout = list(ctx.tiling(xn)), list(ctx.tiling(on))
     whole_in, whole_out = lambda d: (xn.shape[d],), lambda d: (on.shape[d],)  # noqa: E731
@@ -104,12 +99,15 @@ def _lower_reshape(ctx: Lowering, node: OpNode) -> None:
             for d in rb:
                 tout[d] = whole_out(d)
     x = ctx.input(xn, tuple(tin))
-    out = ctx.output(on, tuple(tout))
-    for idx in out.indices():
+    # Each output tile holds its input tile's items in the same order (a tile's box
+    # reshapes like the value): the output is the input's tiles under new shapes.
+    order = []
+    for idx in itertools.product(*(range(len(t)) for t in tout)):
         xi = [0] * len(xn.shape)
         for xd, od in lead:
             xi[xd] = idx[od]
-        ctx.task(RESHAPE_TILE, [Arg(out, idx, W), Arg(x, tuple(xi), R)], "reshape")
+        order.append(x.flat(tuple(xi)))
+    ctx.view_output(on, x, tuple(tout), order)
 
 
 RESHAPE = Op("reshape", _lower_reshape)

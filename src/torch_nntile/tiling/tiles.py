@@ -32,22 +32,30 @@ def offsets(sizes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class TileArray:
-    """The tiles of one value; its handles go back to the runtime's spares when it dies."""
+    """The tiles of one value; its handles go back to the runtime's spares when it dies.
 
-    __slots__ = ("shape", "dtype", "tiling", "grid", "handles", "specs", "offs", "rt", "__weakref__")
+    A view (``base`` set) reads another array's tiles under other shapes: it owns no
+    handles and keeps its base alive."""
 
-    def __init__(self, rt: Runtime, shape: tuple[int, ...], dtype: torch.dtype, tiling: Tiling) -> None:
+    __slots__ = ("shape", "dtype", "tiling", "grid", "handles", "specs", "offs", "rt", "base", "__weakref__")
+
+    def __init__(self, rt: Runtime, shape: tuple[int, ...], dtype: torch.dtype, tiling: Tiling,
+                 base: TileArray | None = None, order: list[int] | None = None) -> None:
         self.rt = rt
         self.shape = shape
         self.dtype = dtype
         self.tiling = tiling
         self.grid = tuple(len(t) for t in tiling)
         self.offs = tuple(offsets(t) for t in tiling)
+        self.base = base
         item = dtype.itemsize
         shapes = list(itertools.product(*tiling)) if tiling else [()]
         sizes = [math.prod(ts) for ts in shapes]
         self.specs: list[TileSpec] = [(n * item, dtype, ts) for n, ts in zip(sizes, shapes)]  # per flat index
-        self.handles = [rt.register(n, item) for n in sizes]
+        if base is None:
+            self.handles = [rt.register(n, item) for n in sizes]
+        else:  # tile k is the base's tile order[k], the same bytes in another shape
+            self.handles = [base.handles[f] for f in order]
 
     def indices(self) -> Iterator[tuple[int, ...]]:
         return itertools.product(*(range(g) for g in self.grid))
@@ -65,6 +73,8 @@ class TileArray:
         return tuple(slice(o[i], o[i] + t[i]) for o, t, i in zip(self.offs, self.tiling, idx))
 
     def __del__(self) -> None:
+        if self.base is not None:
+            return
         try:
             self.rt.release(self.handles)
         except Exception:  # noqa: BLE001 - interpreter shutdown
@@ -180,6 +190,14 @@ class Lowering:
     def output(self, node: Any, tiling: Tiling | None = None) -> TileArray:
         """The tiles an op writes for ``node``: planned, or ``tiling`` (re-tiled after)."""
         arr = TileArray(self.rt, node.shape, node.dtype, tiling if tiling is not None else self.tiling(node))
+        self.values[node] = arr
+        self.keep.append(arr)
+        return arr
+
+    def view_output(self, node: Any, base: TileArray, tiling: Tiling, order: list[int]) -> TileArray:
+        """``node``'s tiles as ``base``'s (tile k is ``base``'s tile ``order[k]``, same
+        bytes): for ops that only reinterpret a layout, no task and no memory."""
+        arr = TileArray(self.rt, node.shape, node.dtype, tiling, base, order)
         self.values[node] = arr
         self.keep.append(arr)
         return arr
