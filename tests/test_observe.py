@@ -83,7 +83,8 @@ def _edges(g: pydot.Dot) -> list[tuple[str, str]]:
 def test_info_keys_and_reset_zeroes_everything_but_live_tiles():
     _x, xn = _tiled()
     torch_nntile.reset_info()
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     y.cpu()
     d = torch_nntile.info()
     assert set(d) == INFO_KEYS
@@ -109,7 +110,8 @@ def test_info_keys_and_reset_zeroes_everything_but_live_tiles():
 def test_phase_calls_follow_compile_run_wait():
     _x, xn = _tiled()
     torch_nntile.reset_info()
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
 
     def calls() -> dict[str, int]:
         return {p: v["calls"] for p, v in torch_nntile.info()["phases"].items()}
@@ -136,7 +138,9 @@ def test_phase_times_are_exclusive():
     phases are not counted again under record, so the phase times add up to at most
     the wall time of the call."""
     _x, xn = _tiled(64, 32, 8)
-    y = (xn * 2).relu().exp()
+    m = xn * 2  # held, as above: one task per op
+    r = m.relu()
+    y = r.exp()
     torch_nntile.reset_info()
     t0 = time.perf_counter()
     y.cpu()
@@ -226,7 +230,8 @@ def test_tiles_live_and_peak():
 def test_metrics_ops_count_recorded_calls():
     _x, xn = _tiled()
     torch_nntile.reset_info()
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     assert torch_nntile.metrics()["ops"] == {"aten::mul.Tensor": 1, "aten::relu": 1}
     assert torch_nntile.metrics()["kernels"] == {}  # nothing ran yet
     y.add_(1)
@@ -242,7 +247,8 @@ def test_metrics_ops_count_recorded_calls():
 def test_kernel_tasks_match_tasks_submitted():
     torch_nntile.reset_info()
     x, xn = _tiled(materialize=False)  # ingress pending: 4 tasks
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     assert_close(y.cpu(), (x * 2).relu())
     d, m = torch_nntile.info(), torch_nntile.metrics()
     assert {k: v["tasks"] for k, v in m["kernels"].items()} == {"ingress": 4, "mul": 4, "relu": 4, "readout": 1}
@@ -318,7 +324,8 @@ def test_pending_op_names_and_data_sizes():
     torch_nntile.reset_info()
     x = torch.randn(8, 4)
     xn = x.to("nntile")
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     m = xn > 0
     assert torch_nntile.pending_op_names() == ["ingress", "mul", "relu", "gt"]
     lines = torch_nntile.format_pending_data_sizes().splitlines()
@@ -340,7 +347,8 @@ def test_pending_op_names_and_data_sizes():
 
 def test_dump_graph_tensor_level(tmp_path):
     _x, xn = _tiled()
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     path = tmp_path / "g.dot"
     torch_nntile.dump_graph(path)
     g = _parse_dot(path)
@@ -367,7 +375,8 @@ def test_dump_graph_tensor_level(tmp_path):
 
 def test_dump_graph_tile_level(tmp_path):
     _x, xn = _tiled()
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     before = torch_nntile.info()
     path = tmp_path / "t.dot"
     torch_nntile.dump_graph(path, level="tile")
@@ -494,7 +503,8 @@ def test_dump_graph_env_var_writes_a_file_per_compile(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_NNTILE_DUMP_GRAPH", str(folder))
     _x, xn = _tiled()  # flushed once with the env var set: the ingress
     assert len(list(folder.iterdir())) == 1
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     torch_nntile.compile_graph()
     files = sorted(folder.iterdir())
     assert len(files) == 2
@@ -542,7 +552,8 @@ def test_trace_records_every_task_once(tmp_path):
     torch_nntile.reset_info()
     path = tmp_path / "trace.json"
     with torch_nntile.trace(path):
-        y = (xn * 2).relu()
+        m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+        y = m.relu()
         assert_close(y.cpu(), (x * 2).relu())
     tasks, phases = _check_trace(path)
     assert len(tasks) == torch_nntile.info()["tasks_submitted"] == 13
@@ -640,7 +651,8 @@ def _check_progress(calls: list[tuple[int, int]], total: int) -> None:
 
 def test_progress_run_then_wait():
     _x, xn = _tiled(64, 4, 2)  # 32 tiles
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     torch_nntile.compile_graph()
     calls, cb = _recorder()
     before = torch_nntile.info()["tasks_submitted"]
@@ -679,7 +691,8 @@ def test_progress_wait_argument_and_readout():
 
 def test_progress_bar_on_stderr(capsys):
     _x, xn = _tiled()
-    y = (xn * 2).relu()
+    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    y = m.relu()
     torch_nntile.compile_graph()
     torch_nntile.run(progress=True)
     torch_nntile.wait()
@@ -701,7 +714,8 @@ x = torch.arange(32, dtype=torch.float32).reshape(8, 4) + 1
 xn = x.to("nntile")
 torch_nntile.set_axis_group_name(xn, {0: "rows"})
 torch_nntile.set_axis_group_tiling("rows", 2)
-y = (xn * 2).relu()
+m = xn * 2  # held: one task per op
+y = m.relu()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     out = y.cpu()

@@ -192,7 +192,8 @@ def dump_graph(path: str | os.PathLike[str], level: str = "tensor") -> None:
 
     ``level="tensor"``: ops and values (shape, dtype, tiling). ``level="tile"``:
     the tile tasks the graph lowers to (compiled-but-not-run tasks first), each
-    tile version a node. Nothing is compiled or run by dumping.
+    tile version a node; pending elementwise chains are drawn op by op (the compile
+    fuses them). Nothing is compiled or run by dumping.
     """
     if level == "tensor":
         text = tensor_dot(SESSION.snapshot())

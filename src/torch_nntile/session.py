@@ -21,6 +21,7 @@ from torch_nntile import stats
 from torch_nntile.graph.dot import tensor_dot
 from torch_nntile.graph.nodes import SESSION, DataNode, lower_pending
 from torch_nntile.ops.data import readout
+from torch_nntile.ops.fusion import fuse_elementwise
 from torch_nntile.runtime.context import Runtime
 from torch_nntile.tiling.tiles import Lowering
 
@@ -75,7 +76,7 @@ class Session:
                 folder = os.environ.get("TORCH_NNTILE_DUMP_GRAPH")
                 if folder:
                     self._dump(folder)
-                ctx = lower_pending(SESSION, lambda: Lowering(rt))
+                ctx = lower_pending(SESSION, lambda: Lowering(rt), fuse_elementwise)
             finally:
                 stats.leave("compile", t0)
             if self.compiled is not None:

@@ -112,7 +112,7 @@ class TensorGraph:
 
 
 def _refs_when_unreferenced() -> int:
-    """What ``sys.getrefcount`` reports, inside ``prune_dead``'s loop, for an output
+    """What ``sys.getrefcount`` reports, inside ``outside_refs``'s loop, for an output
     that only its op holds (measured, not assumed, as it varies across Pythons)."""
     class Probe:
         outputs = (object(),)
@@ -124,6 +124,12 @@ def _refs_when_unreferenced() -> int:
 _UNREFERENCED = _refs_when_unreferenced()
 
 
+def outside_refs(op: OpNode) -> list[int]:
+    """Per output of ``op``: the references to it beyond its op's own (tensors, views,
+    the inputs of other ops)."""
+    return [sys.getrefcount(out) - _UNREFERENCED for out in op.outputs]
+
+
 def prune_dead(ops: list[OpNode]) -> list[OpNode]:
     """Drop the ops whose outputs nothing can read any more: no tensor, view or later
     op holds them (``torch.ones`` records a fill behind ``empty``'s dead zero fill).
@@ -131,8 +137,10 @@ def prune_dead(ops: list[OpNode]) -> list[OpNode]:
     op's release of its inputs can make earlier ones dead too."""
     kept: list[OpNode] = []
     for op in reversed(ops):
-        if all(sys.getrefcount(out) <= _UNREFERENCED for out in op.outputs):
-            op.inputs = ()
+        if all(n <= 0 for n in outside_refs(op)):
+            for out in op.outputs:
+                out.op = None  # no node <-> op cycle left for the garbage collector
+            op.inputs = op.outputs = ()
             stats.COUNTS["ops_pruned"] += 1
         else:
             kept.append(op)
@@ -140,7 +148,8 @@ def prune_dead(ops: list[OpNode]) -> list[OpNode]:
     return kept
 
 
-def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any]) -> Any:
+def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any],
+                  rewrite: Callable[[list[OpNode]], list[OpNode]] | None = None) -> Any:
     """Lower every pending op in record order into a context's task list.
 
     Nothing is committed to the nodes until every op lowered: an invalid tiling
@@ -149,6 +158,8 @@ def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any]) -> Any:
     depend on it (``Lowering.lower``).
     """
     ops = prune_dead(graph.take())
+    if rewrite is not None:
+        ops = rewrite(ops)
     ctx = make_ctx()
     try:
         t0 = stats.enter()

@@ -217,15 +217,20 @@ class Runtime:
         _CURRENT = self
 
     # -- data -------------------------------------------------------------
-    def register(self, nelems: int, elemsize: int) -> Any:
-        """A handle for a tile of ``nelems`` items: a spare of that size, else a new one.
+    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
+        """Handles for the tiles of one value, of ``sizes`` items each: for each, a spare
+        of that size, else a new one.
 
         A spare's old content is garbage; every tile's first task writes it (W). A
         tile that gets no memory, even after the spares are freed, still gets a
         handle: the values that need it fail when read (``TileMemoryError``).
         """
-        stats.tiles_added(1)
-        key = (max(nelems, 1), elemsize)
+        stats.tiles_added(len(sizes))
+        handle = self._handle
+        return [handle((max(n, 1), elemsize)) for n in sizes]
+
+    def _handle(self, key: tuple[int, int]) -> Any:
+        elemsize = key[1]
         self._wanted[key] = self._compiles
         if key in self._spares:
             with self._spare_lock:

@@ -53,7 +53,7 @@ class TileArray:
         sizes = [math.prod(ts) for ts in shapes]
         self.specs: list[TileSpec] = [(n * item, dtype, ts) for n, ts in zip(sizes, shapes)]  # per flat index
         if base is None:
-            self.handles = [rt.register(n, item) for n in sizes]
+            self.handles = rt.register_many(sizes, item)
         else:  # tile k is the base's tile order[k], the same bytes in another shape
             self.handles = [base.handles[f] for f in order]
 
@@ -99,8 +99,8 @@ class PlanHandles:
         self.pack_size = rt.pack_size
         self._tokens = itertools.count()
 
-    def register(self, nelems: int, elemsize: int) -> int:
-        return next(self._tokens)
+    def register_many(self, sizes: list[int], elemsize: int) -> list[int]:
+        return [next(self._tokens) for _ in sizes]
 
     def release(self, handles: list[Any]) -> None:
         pass

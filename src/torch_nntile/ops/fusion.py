@@ -1,0 +1,106 @@
+"""Fusion of elementwise chains: one task per tile instead of one per op.
+
+Before lowering, an elementwise op whose result only one later elementwise op of the
+same shape reads, and that nothing else holds (no tensor, view or other op), is folded
+into that reader: the group runs as one task per output tile, the intermediate
+results as temporaries inside the kernel, never registered as tiles. An optimizer's
+per-parameter update (AdamW: a dozen ops per parameter) becomes a few tasks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_nntile.graph.nodes import DataNode, OpNode, outside_refs
+from torch_nntile.kernels import Kernel
+from torch_nntile.ops.base import MAP, Op, _lower_map
+
+Step = tuple[Kernel, tuple[int, ...], torch.dtype]  # kernel, operands (>= 0: input tile, < 0: step ~k), dtype
+
+
+def fused_tile(program: tuple[Step, ...], o: torch.Tensor, *tiles: torch.Tensor) -> None:
+    """Run the steps in order; each writes a temporary of the output tile's shape,
+    the last writes the output tile."""
+    done: list[torch.Tensor] = []
+    last = len(program) - 1
+    for j, (kernel, refs, dtype) in enumerate(program):
+        out = o if j == last else torch.empty(o.shape, dtype=dtype)
+        kernel(out, *[tiles[r] if r >= 0 else done[~r] for r in refs])
+        done.append(out)
+
+
+FUSED = Op("fused", _lower_map, lambda node: node.attrs[1])
+"""Lowered like an elementwise op: ``attrs = (Kernel(fused_tile, program), name)``."""
+
+
+def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
+    """The ops with elementwise chains folded into single ops (see module docstring)."""
+    uses: dict[int, int] = {}
+    reader: dict[int, OpNode] = {}
+    for op in ops:
+        for key in map(id, op.inputs):  # ids only: a local holding a node would count as a reference
+            uses[key] = uses.get(key, 0) + 1
+            reader[key] = op
+    # a producer folds into its only reader when nothing outside these ops holds its result
+    producers: dict[OpNode, list[OpNode]] = {}
+    folded: set[OpNode] = set()
+    for op in ops:
+        if op.opdef is not MAP:
+            continue
+        extra = outside_refs(op)[0]
+        key = id(op.outputs[0])
+        r = reader.get(key)
+        if r is None or r.opdef is not MAP or r.outputs[0].shape != op.outputs[0].shape:
+            continue
+        if not uses[key] == extra == sum(1 for n in r.inputs if id(n) == key):  # r is its only reader
+            continue
+        producers.setdefault(r, []).append(op)
+        folded.add(op)
+    if not folded:
+        return ops
+    index = {op: i for i, op in enumerate(ops)}
+    out: list[OpNode] = []
+    for op in ops:
+        if op in folded:
+            continue
+        if op not in producers:
+            out.append(op)
+            continue
+        group, stack = [op], [op]
+        while stack:
+            for p in producers.get(stack.pop(), ()):
+                group.append(p)
+                stack.append(p)
+        group.sort(key=index.__getitem__)  # record order: every producer before its reader
+        out.append(_fused(group))
+    return out
+
+
+def _fused(order: list[OpNode]) -> OpNode:
+    """One op computing the last op's result from the group's outside inputs."""
+    step_of = {id(o.outputs[0]): j for j, o in enumerate(order)}
+    inputs: list[DataNode] = []
+    slot: dict[int, int] = {}
+    program: list[Step] = []
+    for o in order:
+        refs = []
+        for n in o.inputs:
+            j = step_of.get(id(n))
+            if j is not None:
+                refs.append(~j)
+                continue
+            if id(n) not in slot:
+                slot[id(n)] = len(inputs)
+                inputs.append(n)
+            refs.append(slot[id(n)])
+        program.append((o.attrs[0], tuple(refs), o.outputs[0].dtype))
+    name = "+".join(o.attrs[1] for o in order)
+    fused = OpNode(FUSED, tuple(inputs), (Kernel(fused_tile, tuple(program)), name))
+    fused.outputs = order[-1].outputs
+    for n in fused.outputs:
+        n.op = fused
+    for o in order[:-1]:  # the folded ops: break their node <-> op cycles, which would keep inputs alive
+        for n in o.outputs:
+            n.op = None
+        o.inputs = o.outputs = ()
+    return fused
