@@ -13,6 +13,7 @@ import torch
 from torch_nntile.backend.aten import Scalar, as_floating, aten, defop, ew, forms, promote, type_name
 from torch_nntile.backend.device import DEVICE
 from torch_nntile.graph.nodes import DataNode
+from torch_nntile.kernels import native
 
 # -- elementwise ---------------------------------------------------------------
 
@@ -223,6 +224,19 @@ for _name in ("sigmoid_backward", "tanh_backward"):
     _activation_backward(_name)
 
 
+# -- C programs of the helper kernels above (kernels.native) ----------------------
+
+
+def _helper_rule(p: native.Program, args: list[Any], kw: dict[str, Any]) -> native.Ref:
+    return native.apply_rule(p, args[0], args[1:], kw)  # helper(op, *args, **kw): op's rule
+
+
+def _relu_rule(p: native.Program, args: list[Any], kw: dict[str, Any]) -> native.Ref:
+    if kw or len(args) != 1:
+        raise native.Unsupported
+    return p.emit(native.CLAMP_MIN, args[0], 0)
+
+
 # -- dtype rules by probing the CPU ------------------------------------------------
 #
 # The ops below take their result dtype (and their dtype errors, with PyTorch's
@@ -362,3 +376,6 @@ for _name, _bwd in [("gelu", "gelu_backward"), ("silu", None), ("softplus", "sof
     _activation(_name, _bwd)
 # silu_backward and mish_backward have composite kernels (sigmoid, mul, ...): they
 # decompose into native ops, and registering them would hide the decomposition.
+
+native.RULES.update({grad_input_out: _helper_rule, grad_input_kw: _helper_rule, aten_out: _helper_rule,
+                     relu_out: _relu_rule})

@@ -21,10 +21,11 @@ class Kernel:
     """``fn(*params, *tiles)``: ``fn`` a module-level function, ``params`` its static
     (hashable) parameters, the tiles the task's operands in order."""
 
-    __slots__ = ("fn", "params")
+    __slots__ = ("fn", "params", "_hash")
 
     def __init__(self, fn: Callable[..., None], *params: Any) -> None:
         self.fn, self.params = fn, params
+        self._hash: int | None = None
 
     def __call__(self, *tiles: torch.Tensor) -> None:
         self.fn(*self.params, *tiles)
@@ -32,8 +33,11 @@ class Kernel:
     def __eq__(self, other: object) -> bool:
         return type(other) is Kernel and other.fn is self.fn and other.params == self.params
 
-    def __hash__(self) -> int:
-        return hash((self.fn, self.params))
+    def __hash__(self) -> int:  # worked out once: kernels of fused chains nest
+        h = self._hash
+        if h is None:
+            h = self._hash = hash((self.fn, self.params))
+        return h
 
     def __repr__(self) -> str:
         return f"Kernel({self.fn.__name__}{self.params!r})"
@@ -63,9 +67,9 @@ class CpuScalar:
 
 class Gemm:
     """``o = alpha * op(x) @ op(y)``, plus ``o`` when ``accumulate``; ``op`` transposes
-    when ``ta`` / ``tb`` is set. Tiles are contiguous row-major matrices. With
-    ``packed_b``, ``y`` is a ``PackB`` result (already transposed and scaled): such
-    products run only natively."""
+    when ``ta`` / ``tb`` is set. Tiles are contiguous row-major matrices, or batches of
+    them (3-D tiles: one product per batch item). With ``packed_b``, ``y`` is a
+    ``PackB`` result (already transposed and scaled): such products run only natively."""
 
     __slots__ = ("ta", "tb", "alpha", "accumulate", "packed_b")
 
@@ -75,12 +79,13 @@ class Gemm:
     def __call__(self, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.packed_b:
             raise RuntimeError("a product with a packed operand can only run as a native kernel")
-        x = x.t() if self.ta else x
-        y = y.t() if self.tb else y
+        x = x.mT if self.ta else x
+        y = y.mT if self.tb else y
+        batched = o.dim() == 3
         if self.accumulate:
-            o.addmm_(x, y, alpha=self.alpha)
+            (o.baddbmm_ if batched else o.addmm_)(x, y, alpha=self.alpha)
         else:
-            torch.mm(x, y, out=o)
+            (torch.bmm if batched else torch.mm)(x, y, out=o)
             if self.alpha != 1:
                 o.mul_(self.alpha)
 

@@ -14,7 +14,7 @@ import torch
 
 from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import SESSION, DataNode, OpNode
-from torch_nntile.kernels import CpuScalar, Kernel
+from torch_nntile.kernels import CpuScalar, Kernel, native
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, TileArray, W
 
 
@@ -141,6 +141,15 @@ def call_out(fn: Callable[..., Any], kw: tuple[tuple[str, Any], ...], args: tupl
     fn(*full, **dict(kw), out=o)
 
 
+def _call_out_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
+    fn, kw, args = params
+    it = iter(refs)
+    return native.apply_rule(p, fn, [next(it) if a is TILE else a for a in args], dict(kw))
+
+
+native.TRANSLATORS[call_out] = _call_out_program
+
+
 def map_op(name: str, fn: Kernel, inputs: list[DataNode], dtype: torch.dtype) -> DataNode:
     """Record an elementwise op: kernel ``fn(out_tile, *input_tiles)`` writes out_tile."""
     shape, axes = broadcast_axes(inputs)
@@ -177,6 +186,7 @@ def add_into(acc: torch.Tensor, part: torch.Tensor) -> None:
 
 
 ADD_INTO = Kernel(add_into)
+native.TRANSLATORS[add_into] = lambda p, params, refs: p.emit(native.ADD, native.Ref(0), refs[0])
 
 
 LOOKAHEAD = 256  # ops scanned for independent work: bounds compile time on long graphs

@@ -6,7 +6,7 @@ import torch
 
 from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record
 from torch_nntile.runtime.context import Done, Runtime, failure_error
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
@@ -39,6 +39,9 @@ def ingress(cpu: torch.Tensor) -> DataNode:
 
 def fill_tile(value: float | int | bool, o: torch.Tensor) -> None:
     o.fill_(value)
+
+
+native.TRANSLATORS[fill_tile] = lambda p, params, refs: p.emit(native.COPY, params[0])
 
 
 def _lower_fill(ctx: Lowering, node: OpNode) -> None:

@@ -9,10 +9,12 @@ per-parameter update (AdamW: a dozen ops per parameter) becomes a few tasks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from torch_nntile.graph.nodes import DataNode, OpNode, outside_refs
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import MAP, Op, _lower_map
 
 Step = tuple[Kernel, tuple[int, ...], torch.dtype]  # kernel, operands (>= 0: input tile, < 0: step ~k), dtype
@@ -27,6 +29,20 @@ def fused_tile(program: tuple[Step, ...], o: torch.Tensor, *tiles: torch.Tensor)
         out = o if j == last else torch.empty(o.shape, dtype=dtype)
         kernel(out, *[tiles[r] if r >= 0 else done[~r] for r in refs])
         done.append(out)
+
+
+def _fused_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
+    (program,) = params
+    done: list[native.Ref] = []
+    for kernel, operands, dtype in program:
+        tr = native.TRANSLATORS.get(kernel.fn)
+        if tr is None or dtype is not torch.float32:
+            raise native.Unsupported
+        done.append(tr(p, kernel.params, [refs[r] if r >= 0 else done[~r] for r in operands]))
+    return done[-1]
+
+
+native.TRANSLATORS[fused_tile] = _fused_program
 
 
 FUSED = Op("fused", _lower_map, lambda node: node.attrs[1])

@@ -123,16 +123,6 @@ def _bt(x: torch.Tensor, t: bool) -> torch.Tensor:
     return x.transpose(1, 2) if t else x
 
 
-def bmm_tile(ta: bool, tb: bool, alpha: float, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
-    torch.bmm(_bt(x, ta), _bt(y, tb), out=o)
-    if alpha != 1:
-        o.mul_(alpha)
-
-
-def bmm_tile_into(ta: bool, tb: bool, alpha: float, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
-    o.baddbmm_(_bt(x, ta), _bt(y, tb), alpha=alpha)
-
-
 def baddbmm_tile(ta: bool, tb: bool, alpha: float, beta: float, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                  bias: torch.Tensor) -> None:
     torch.baddbmm(bias, _bt(x, ta), _bt(y, tb), beta=beta, alpha=alpha, out=o)
@@ -145,8 +135,7 @@ def _lower_bmm(ctx: Lowering, node: OpNode) -> None:
     out = ctx.output(node.outputs[0])
     nk = a.grid[1] if ta else a.grid[2]
     nchains = split_chains(ctx, node, nk, len(out.handles))
-    write = Kernel(bmm_tile, ta, tb, alpha)
-    accum = Kernel(bmm_tile_into, ta, tb, alpha)
+    write, accum = gemm(ta, tb, alpha, False), gemm(ta, tb, alpha, True)  # batched: 3-D tiles
     first = Kernel(baddbmm_tile, ta, tb, alpha, beta) if bias is not None else write
     for oidx in out.indices():
         p, i, j = oidx

@@ -11,12 +11,13 @@ from __future__ import annotations
 import itertools
 import math
 from functools import lru_cache
+from typing import Any
 
 import torch
 
 from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
@@ -25,6 +26,20 @@ from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 def permute_tile(perm: tuple[int, ...], o: torch.Tensor, t: torch.Tensor) -> None:
     o.copy_(t.permute(perm))
+
+
+def _copy_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
+    return p.emit(native.COPY, refs[0])
+
+
+def _permute_view(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> dict[int, tuple[tuple[int, ...], int]]:
+    (perm,) = params
+    cs = native.contiguous_strides(shapes[1])
+    return {1: (tuple(cs[p] for p in perm), 0)}
+
+
+native.TRANSLATORS[permute_tile] = _copy_program
+native.VIEWS[permute_tile] = _permute_view
 
 
 def _lower_permute(ctx: Lowering, node: OpNode) -> None:
@@ -218,6 +233,15 @@ def _whole(n: DataNode) -> tuple[tuple[int, ...], ...]:
 def as_strided_tile(size: tuple[int, ...], stride: tuple[int, ...], offset: int, o: torch.Tensor,
                     base: torch.Tensor) -> None:
     o.copy_(base.reshape(-1).as_strided(size, stride, offset))
+
+
+def _as_strided_view(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> dict[int, tuple[tuple[int, ...], int]]:
+    size, stride, offset = params
+    return {1: (tuple(stride), offset)} if tuple(size) == shapes[0] else {}
+
+
+native.TRANSLATORS[as_strided_tile] = _copy_program
+native.VIEWS[as_strided_tile] = _as_strided_view
 
 
 def _lower_as_strided(ctx: Lowering, node: OpNode) -> None:

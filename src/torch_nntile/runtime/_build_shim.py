@@ -12,6 +12,7 @@ skips its kernel and passes the failure on to what it writes.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 
@@ -37,7 +38,8 @@ void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local,
 void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute);
 size_t tnt_pack_size(int m, int n, int k);
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
-                     int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *out);
+                     int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
+                     int trace, uint32_t where, int *out);
 int64_t tnt_gemm_done(void);
 void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
 int64_t tnt_gemm_event_count(void);
@@ -53,6 +55,8 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "ew.h"
 
 typedef void *tnt_handle;
 static int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
@@ -267,7 +271,7 @@ typedef void (*tnt_compute_t)(int, int, int, int, int, int, const float *, int, 
 enum { TNT_ROW_MAJOR = 101, TNT_NO_TRANS = 111, TNT_TRANS = 112, TNT_PACKED = 151, TNT_B_MATRIX = 162 };
 enum { TNT_GEMM = 0, TNT_GEMM_PACKED_B = 1, TNT_PACK_B = 2 };
 
-#define TNT_NAMES 16
+#define TNT_NAMES 128
 static tnt_sgemm_t tnt_sgemm;
 static tnt_dgemm_t tnt_dgemm;
 static tnt_threads_t tnt_blas_threads;
@@ -284,13 +288,39 @@ struct tnt_event { int64_t key; int worker, name; double t0, t1; };
 static struct tnt_event *tnt_events;
 static int64_t tnt_nevents, tnt_evcap;
 
-struct tnt_gemm_args { int64_t key; int kind, ta, tb, m, n, k, dbl, name, trace; double alpha, beta; };
+struct tnt_gemm_args { int64_t key; int kind, ta, tb, m, n, k, dbl, name, trace, batch; double alpha, beta; };
 
 static double tnt_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);  /* the clock of Python's time.perf_counter */
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* After a task run in C: its count and kernel seconds under its name, a trace event
+   when tracing, its outputs marked computed. */
+static void tnt_native_done(struct starpu_task *task, int nbuf, int64_t key, int w, int name, int trace,
+                            double t0)
+{
+    int64_t ns = (int64_t)((tnt_now() - t0) * 1e9 + 0.5);
+    double t1 = t0 + 1e-9 * (double)ns;  /* the trace's duration is the one counted */
+    __atomic_add_fetch(&tnt_gemm_calls[w][name], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&tnt_gemm_ns[w][name], ns, __ATOMIC_RELAXED);
+    if (trace) {
+        STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);
+        if (tnt_nevents == tnt_evcap) {
+            int64_t cap = tnt_evcap ? 2 * tnt_evcap : 4096;
+            struct tnt_event *ev = realloc(tnt_events, cap * sizeof(*ev));
+            if (ev) { tnt_events = ev; tnt_evcap = cap; }
+        }
+        if (tnt_nevents < tnt_evcap) {
+            struct tnt_event e = { key, w, name, t0, t1 };
+            tnt_events[tnt_nevents++] = e;
+        }
+        STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
+    }
+    tnt_task_wrote(task, nbuf, 0);
+    __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
 }
 
 static void tnt_gemm_func(void *buffers[], void *cl_arg)
@@ -323,40 +353,90 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
                      (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), a->ta ? a->m : a->k,
                      (const float *)STARPU_VECTOR_GET_PTR(buffers[2]), a->n, (float)a->beta,
                      (float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->n);
-    } else {
-        void *c = (void *)STARPU_VECTOR_GET_PTR(buffers[0]);
-        void *x = (void *)STARPU_VECTOR_GET_PTR(buffers[1]);
-        void *y = (void *)STARPU_VECTOR_GET_PTR(buffers[2]);
+    } else {  /* batch items follow each other in every tile */
+        char *c = (char *)STARPU_VECTOR_GET_PTR(buffers[0]);
+        char *x = (char *)STARPU_VECTOR_GET_PTR(buffers[1]);
+        char *y = (char *)STARPU_VECTOR_GET_PTR(buffers[2]);
         char opy = a->tb ? 'T' : 'N', opx = a->ta ? 'T' : 'N';
         int ldy = a->tb ? a->k : a->n, ldx = a->ta ? a->m : a->k, ldc = a->n;
         if (ldy < 1) ldy = 1;
         if (ldx < 1) ldx = 1;
-        if (a->dbl) {
-            double al = a->alpha, be = a->beta;
-            tnt_dgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, y, &ldy, x, &ldx, &be, c, &ldc);
-        } else {
-            float al = (float)a->alpha, be = (float)a->beta;
-            tnt_sgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, y, &ldy, x, &ldx, &be, c, &ldc);
+        size_t item = a->dbl ? sizeof(double) : sizeof(float);
+        size_t sc = item * a->m * a->n, sx = item * a->m * a->k, sy = item * a->k * a->n;
+        for (int b = 0; b < a->batch; b++, c += sc, x += sx, y += sy) {
+            if (a->dbl) {
+                double al = a->alpha, be = a->beta;
+                tnt_dgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, (double *)y, &ldy, (double *)x, &ldx, &be,
+                          (double *)c, &ldc);
+            } else {
+                float al = (float)a->alpha, be = (float)a->beta;
+                tnt_sgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, (float *)y, &ldy, (float *)x, &ldx, &be,
+                          (float *)c, &ldc);
+            }
         }
     }
-    double t1 = tnt_now();
-    __atomic_add_fetch(&tnt_gemm_calls[w][a->name], 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&tnt_gemm_ns[w][a->name], (int64_t)((t1 - t0) * 1e9), __ATOMIC_RELAXED);
-    if (a->trace) {
-        STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);
-        if (tnt_nevents == tnt_evcap) {
-            int64_t cap = tnt_evcap ? 2 * tnt_evcap : 4096;
-            struct tnt_event *ev = realloc(tnt_events, cap * sizeof(*ev));
-            if (ev) { tnt_events = ev; tnt_evcap = cap; }
-        }
-        if (tnt_nevents < tnt_evcap) {
-            struct tnt_event e = { a->key, w, a->name, t0, t1 };
-            tnt_events[tnt_nevents++] = e;
-        }
-        STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
+    tnt_native_done(task, nbuf, a->key, w, a->name, a->trace, t0);
+}
+
+/* Elementwise tiles (csrc/ew.c): cl_arg is a tnt_ew_args followed by its program
+   (nints int32) and its constants (nconst doubles, 8-byte aligned). */
+struct tnt_ew_args { int64_t key; int name, trace, nints, nconst; };
+static struct starpu_codelet tnt_ew_cl;
+
+static size_t tnt_ew_consts_at(int nints)
+{
+    size_t at = sizeof(struct tnt_ew_args) + (size_t)nints * sizeof(int32_t);
+    return (at + 7) & ~(size_t)7;
+}
+
+static void tnt_ew_func(void *buffers[], void *cl_arg)
+{
+    const struct tnt_ew_args *a = cl_arg;
+    struct starpu_task *task = starpu_task_get_current();
+    int nbuf = STARPU_TASK_GET_NBUFFERS(task);
+    int64_t failed = tnt_task_failure(task, nbuf);
+    if (failed) {
+        tnt_task_wrote(task, nbuf, failed);
+        __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+        return;
     }
-    tnt_task_wrote(task, nbuf, 0);
-    __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+    void *ptrs[TNT_EW_CONST];
+    for (int i = 0; i < nbuf; i++)
+        ptrs[i] = (void *)STARPU_VECTOR_GET_PTR(buffers[i]);
+    double t0 = tnt_now();
+    if (!tnt_skip_kernels)
+        tnt_ew_run((const int32_t *)(a + 1), (const double *)((const char *)a + tnt_ew_consts_at(a->nints)), ptrs);
+    tnt_native_done(task, nbuf, a->key, starpu_worker_get_id(), a->name, a->trace, t0);
+}
+
+static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_t *rec, const double *consts,
+                         int64_t key, int trace, uint32_t where)
+{
+    int name = rec[0], nints = rec[1], nconst = rec[2];
+    const int32_t *prog = rec + 3;
+    if (name < 0 || name >= TNT_NAMES || nconst < 0 || nconst > TNT_EW_TEMP - TNT_EW_CONST
+        || tnt_ew_check(prog, nints, nconst, nbuf) != 0)
+        return -EINVAL;
+    size_t at = tnt_ew_consts_at(nints), size = at + (size_t)nconst * sizeof(double);
+    struct tnt_ew_args *a = malloc(size);
+    if (a == NULL)
+        return -ENOMEM;
+    struct tnt_ew_args v = { key, name, trace, nints, nconst };
+    *a = v;
+    memcpy(a + 1, prog, (size_t)nints * sizeof(int32_t));
+    memcpy((char *)a + at, consts, (size_t)nconst * sizeof(double));
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_ew_cl;
+    task->cl_arg = a;
+    task->cl_arg_size = size;
+    task->cl_arg_free = 1;
+    task->nbuffers = nbuf;
+    task->where = where;
+    for (int i = 0; i < nbuf; i++) {
+        STARPU_TASK_SET_HANDLE(task, (starpu_data_handle_t)handles[i], i);
+        STARPU_TASK_SET_MODE(task, (enum starpu_data_access_mode)modes[i], i);
+    }
+    return starpu_task_submit(task);
 }
 
 void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute)
@@ -385,19 +465,24 @@ void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local,
     tnt_gemm_cl.cpu_funcs[0] = tnt_gemm_func;
     tnt_gemm_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
     tnt_gemm_cl.name = "nntile_gemm";
+    memset(&tnt_ew_cl, 0, sizeof(tnt_ew_cl));
+    tnt_ew_cl.where = STARPU_CPU;
+    tnt_ew_cl.cpu_funcs[0] = tnt_ew_func;
+    tnt_ew_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
+    tnt_ew_cl.name = "nntile_ew";
 }
 
 static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, double alpha,
                            double beta, int64_t key, int trace, uint32_t where)
 {
-    int kind = p[0], ta = p[1], tb = p[2], m = p[3], n = p[4], k = p[5], dbl = p[6], name = p[7];
-    if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL)
-        || (kind != TNT_GEMM && (dbl || !tnt_spack || !tnt_scompute)))
+    int kind = p[0], ta = p[1], tb = p[2], m = p[3], n = p[4], k = p[5], dbl = p[6], name = p[7], batch = p[8];
+    if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL) || batch < 0
+        || (kind != TNT_GEMM && (dbl || batch != 1 || !tnt_spack || !tnt_scompute)))
         return -EINVAL;
     struct tnt_gemm_args *a = malloc(sizeof(*a));
     if (a == NULL)
         return -ENOMEM;
-    struct tnt_gemm_args v = { key, kind, ta, tb, m, n, k, dbl, name, trace, alpha, beta };
+    struct tnt_gemm_args v = { key, kind, ta, tb, m, n, k, dbl, name, trace, batch, alpha, beta };
     *a = v;
     struct starpu_task *task = starpu_task_create();
     task->cl = &tnt_gemm_cl;
@@ -415,22 +500,30 @@ static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int 
 
 /* A whole batch in one call (Python does not hold the GIL meanwhile). Task i has key
    key0 + i and nbufs[i] handles/modes, consecutive in handles/modes. Product tasks are
-   listed in gemm (9 ints each: task index, kind, ta, tb, m, n, k, double?, name id; by
-   task index) with coef (alpha, beta); the others run the Python kernel of their key.
+   listed in gemm (10 ints each: task index, kind, ta, tb, m, n, k, double?, name id, batch; by
+   task index) with coef (alpha, beta); elementwise tasks in ew (records by task index:
+   task index, name id, nints, nconst, then the csrc/ew.h program) with their constants
+   consecutive in ewc; the others run the Python kernel of their key.
    Returns how many tasks went in; out[0] counts them as they go (so the caller knows
    even if it is interrupted right after this returns), out[1] is StarPU's error for
    the first that did not. */
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
-                     int ngemm, int *gemm, double *coef, int trace, uint32_t where, int *out)
+                     int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
+                     int trace, uint32_t where, int *out)
 {
     out[0] = 0;
-    int off = 0, g = 0;
+    int off = 0, g = 0, e = 0;
     for (int i = 0; i < n; i++) {
         int r;
-        if (g < ngemm && gemm[9 * g] == i) {
-            r = tnt_submit_gemm(nbufs[i], handles + off, modes + off, gemm + 9 * g + 1, coef[2 * g],
+        if (g < ngemm && gemm[10 * g] == i) {
+            r = tnt_submit_gemm(nbufs[i], handles + off, modes + off, gemm + 10 * g + 1, coef[2 * g],
                                 coef[2 * g + 1], key0 + i, trace, where);
             g++;
+        } else if (e < new && ew[0] == i) {  /* record: task index, name, nints, nconst, program */
+            r = tnt_submit_ew(nbufs[i], handles + off, modes + off, ew + 1, ewc, key0 + i, trace, where);
+            ewc += ew[3];
+            ew += 4 + ew[2];
+            e++;
         } else {
             r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where);
         }
@@ -500,11 +593,14 @@ def _pkg_flags() -> tuple[list[str], list[str]]:
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 _cflags, _libs = _pkg_flags()
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 ffibuilder.set_source(
     "torch_nntile.runtime._shim",
     SOURCE,
-    extra_compile_args=_cflags + ["-O2"],
-    extra_link_args=_libs,
+    sources=[os.path.relpath(os.path.join(_CSRC, "ew.c"))],
+    include_dirs=[_CSRC],
+    extra_compile_args=_cflags + ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall"],
+    extra_link_args=_libs + ["-lm"],
 )
 
 if __name__ == "__main__":

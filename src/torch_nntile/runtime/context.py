@@ -6,7 +6,8 @@ until no compile has asked for that size for a while or ``empty_cache()``. Kerne
 are Python callables run on StarPU's CPU workers; each receives torch tensors that
 view the tile buffers StarPU hands to the task. The matrix-product kernel
 (``kernels.Gemm``) is also run in C, calling BLAS with no Python callback, where
-torch's BLAS exports it.
+torch's BLAS exports it, and so are float32 elementwise kernels that have a C
+program (``kernels.native``, ``csrc/ew.c``).
 
 Failures are tracked per tile value, not globally: a kernel that raises, or a tile
 with no memory, is a ``Failure``; the tiles its task writes hold that failure
@@ -32,7 +33,8 @@ from typing import Any
 import torch
 
 from torch_nntile import stats
-from torch_nntile.kernels import Gemm, PackB
+from torch_nntile.kernels import Gemm, Kernel, PackB
+from torch_nntile.kernels.native import record as ew_record
 
 R, W, RW = 1, 2, 3  # STARPU_R, STARPU_W, STARPU_RW
 WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
@@ -178,6 +180,8 @@ class Runtime:
         self.lib.tnt_set_pack(*blas[3:])
         self.native_gemm = bool(blas[0] and blas[2]) and not stats.env_flag("TORCH_NNTILE_PYTHON_KERNELS")
         self._gemm_dtypes = (torch.float32, torch.float64) if blas[1] else (torch.float32,)
+        # Elementwise float32 tiles whose kernels have a C program (kernels.native) run it.
+        self.native_ew = not stats.env_flag("TORCH_NNTILE_PYTHON_KERNELS")
         self._gemm_names: dict[str, int] = {}  # task name -> small id the C side counts under
         stats.COLLECTORS.append(self._collect_native)
         # Handles whose tiles died are kept, with their memory, for new tiles of the same
@@ -345,6 +349,10 @@ class Runtime:
         ms: list[int] = []
         gemm: list[int] = []
         coef: list[float] = []
+        ew: list[int] = []
+        ewc: list[float] = []
+        native_ew = self.native_ew and not _SKIP_KERNELS
+        n_ew = 0
         closures = {}
         key0, n, last = self._next, len(tasks), len(tasks) - 1
         for i, (fn, handles, modes, specs, name) in enumerate(tasks):
@@ -358,22 +366,38 @@ class Runtime:
                 if nid is None and len(names) < _GEMM_NAMES:
                     nid = names[name] = len(names)
                 if nid is not None and kind is PackB:  # planned by the lowering only when natively run
-                    gemm += (i, 2, 0, fn.tb, fn.m, fn.n, fn.k, 0, nid)
+                    gemm += (i, 2, 0, fn.tb, fn.m, fn.n, fn.k, 0, nid, 1)
                     coef += (fn.alpha, 0.0)
                     continue
                 if nid is not None and dt in dtypes and (dt is f32 or not fn.packed_b):
-                    (m, nn), xs = specs[0][2], specs[1][2]
-                    gemm += (i, int(fn.packed_b), fn.ta, fn.tb, m, nn, xs[0] if fn.ta else xs[1],
-                             dt is torch.float64, nid)
+                    oshape, xs = specs[0][2], specs[1][2]
+                    batch = oshape[0] if len(oshape) == 3 else 1
+                    m, nn = oshape[-2:]
+                    gemm += (i, int(fn.packed_b), fn.ta, fn.tb, m, nn, xs[-2] if fn.ta else xs[-1],
+                             dt is torch.float64, nid, batch)
                     coef += (fn.alpha, 1.0 if fn.accumulate else 0.0)
                     continue
+            elif native_ew and kind is Kernel and (i != last or notify is None):
+                rec = ew_record(fn, specs)
+                if rec is not None:
+                    nid = names.get(name)
+                    if nid is None and len(names) < _GEMM_NAMES:
+                        nid = names[name] = len(names)
+                    if nid is not None:
+                        ints, consts = rec
+                        ew += (i, nid, len(ints), len(consts))
+                        ew += ints
+                        ewc += consts
+                        n_ew += 1
+                        continue
             closures[key0 + i] = (fn, specs, name, notify if i == last else None)
         self._next = key0 + n
         _CLOSURES.update(closures)
         ffi = self.ffi
         out = ffi.new("int[2]")  # tasks that went in, StarPU's error
         args = (n, key0, ffi.new("int[]", nbufs), ffi.new("tnt_handle[]", hs), ffi.new("int[]", ms),
-                len(gemm) // 9, ffi.new("int[]", gemm), ffi.new("double[]", coef), tracing, self.where, out)
+                len(gemm) // 10, ffi.new("int[]", gemm), ffi.new("double[]", coef),
+                n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), tracing, self.where, out)
         try:
             with self._lock:
                 try:
@@ -671,7 +695,7 @@ def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:
     return t
 
 
-_GEMM_NAMES = 16  # TNT_NAMES in the shim
+_GEMM_NAMES = 128  # TNT_NAMES in the shim: names of C-run tasks counted apart
 
 
 _BLAS_SYMBOLS = ("sgemm_", "dgemm_", "MKL_Set_Num_Threads_Local",

@@ -1,0 +1,294 @@
+"""Elementwise kernels as C programs (``runtime/csrc/ew.h``): which ``Kernel``s the
+workers can run without Python, and their programs.
+
+A kernel's program is worked out once (kernels are data, so equal kernels share it)
+by the translator registered for its function (``TRANSLATORS``); the translators of
+``call_out`` and of fused chains look the ATen-level function up in ``RULES``. A
+task's record adds its tile shapes. Anything a rule does not know, any tile that is
+not float32, or a tile too large for 32-bit sizes keeps the Python kernel, which
+gives the same values through torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# opcodes of csrc/ew.h, in its order
+(COPY, ADD, SUB, MUL, DIV, ADD_SCALED, SUB_SCALED, ADDCMUL, ADDCDIV, LERP, NEG, ABS, SQRT, RSQRT, RECIPROCAL,
+ EXP, LOG, TANH, SIGMOID, POW, TANH_BACKWARD, SIGMOID_BACKWARD, THRESHOLD_BACKWARD, CLAMP_MIN, CLAMP_MAX,
+ MAXIMUM, MINIMUM, GELU, GELU_TANH, SILU) = range(30)
+CONST, TEMP, MAX_STEPS, MAX_BUFFERS = 64, 128, 48, 64
+
+
+class Unsupported(Exception):
+    """The kernel has no C program: it runs as Python."""
+
+
+class Ref(int):
+    """An operand of a program step: a buffer, a constant or an earlier step's result."""
+
+
+class Program:
+    """A program being built: steps ``(opcode, a, b, c, d)`` and double constants."""
+
+    __slots__ = ("steps", "consts")
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int, int, int, int]] = []
+        self.consts: list[float] = []
+
+    def val(self, x: Any) -> Ref:
+        """``x`` as an operand: a ``Ref`` as is, a real number (or a CPU scalar holding
+        one) as a constant."""
+        if type(x) is Ref:
+            return x
+        if type(x).__name__ == "CpuScalar":
+            if x.dtype.is_complex:
+                raise Unsupported
+            x = x.value
+        if type(x) not in (int, float, bool):
+            raise Unsupported
+        v = float(x)
+        for i, c in enumerate(self.consts):
+            if c.hex() == v.hex():  # -0.0 and 0.0 stay apart
+                return Ref(CONST + i)
+        if len(self.consts) == TEMP - CONST:
+            raise Unsupported
+        self.consts.append(v)
+        return Ref(CONST + len(self.consts) - 1)
+
+    def emit(self, op: int, *operands: Any) -> Ref:
+        if len(self.steps) == MAX_STEPS:
+            raise Unsupported
+        refs = [self.val(o) for o in operands] + [-1] * (4 - len(operands))
+        self.steps.append((op, *refs))  # type: ignore[arg-type]
+        return Ref(TEMP + len(self.steps) - 1)
+
+
+Rule = Callable[[Program, list[Any], dict[str, Any]], Ref]
+RULES: dict[Any, Rule] = {}
+"""ATen-level function -> rule emitting its steps from its arguments (tile arguments
+as ``Ref``s) and keywords; a rule raises ``Unsupported`` for cases it does not cover."""
+
+VIEWS: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...], ...]],
+                                         dict[int, tuple[tuple[int, ...], int]]]] = {}
+"""``Kernel.fn`` -> the (strides, offset) in elements by which input buffers are read,
+per output dim, for its params and tile shapes: buffers not named are read by
+broadcasting their shape (kernels that copy a view: permutations, strided views)."""
+
+TRANSLATORS: dict[Callable[..., None], Callable[[Program, tuple[Any, ...], list[Ref]], Ref]] = {}
+"""``Kernel.fn`` -> translator: emits the kernel's steps for its params and its input
+tiles (``Ref``s of buffers 1, 2, ...), returns the result's operand."""
+
+
+def _kw(kw: dict[str, Any], allowed: dict[str, Any]) -> list[Any]:
+    if not set(kw) <= set(allowed):
+        raise Unsupported
+    return [kw.get(k, d) for k, d in allowed.items()]
+
+
+def _binary(op: int, scaled: int | None = None) -> Rule:
+    def rule(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
+        (alpha,) = _kw(kw, {"alpha": 1})
+        if len(args) != 2:
+            raise Unsupported
+        if alpha == 1 or scaled is None:
+            if alpha != 1:
+                raise Unsupported
+            return p.emit(op, *args)
+        return p.emit(scaled, args[0], args[1], alpha)
+    return rule
+
+
+def _unary(op: int) -> Rule:
+    def rule(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
+        if kw or len(args) != 1:
+            raise Unsupported
+        return p.emit(op, args[0])
+    return rule
+
+
+def _div(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
+    (mode,) = _kw(kw, {"rounding_mode": None})
+    if mode is not None or len(args) != 2:
+        raise Unsupported
+    return p.emit(DIV, *args)
+
+
+def _addc(op: int) -> Rule:
+    def rule(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
+        (value,) = _kw(kw, {"value": 1})
+        if len(args) != 3:
+            raise Unsupported
+        return p.emit(op, *args, value)
+    return rule
+
+
+def _nary(op: int, n: int) -> Rule:
+    def rule(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
+        if kw or len(args) != n:
+            raise Unsupported
+        return p.emit(op, *args)
+    return rule
+
+
+def _pow(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
+    """Exponents PyTorch computes by multiplication or roots (pow_tensor_scalar) alike."""
+    if kw or len(args) != 2:
+        raise Unsupported
+    x, e = args
+    if type(e) is Ref or type(e) not in (int, float):
+        return p.emit(POW, x, e)
+    if e == 2:
+        return p.emit(MUL, x, x)
+    if e == 3:
+        return p.emit(MUL, p.emit(MUL, x, x), x)
+    if e == 0.5:
+        return p.emit(SQRT, x)
+    if e == -0.5:
+        return p.emit(RSQRT, x)
+    if e == -1:
+        return p.emit(RECIPROCAL, x)
+    if e == -2:
+        return p.emit(RECIPROCAL, p.emit(MUL, x, x))
+    return p.emit(POW, x, e)
+
+
+RULES.update({
+    torch.add: _binary(ADD, ADD_SCALED), torch.sub: _binary(SUB, SUB_SCALED), torch.mul: _binary(MUL),
+    torch.div: _div, torch.pow: _pow, torch.addcmul: _addc(ADDCMUL), torch.addcdiv: _addc(ADDCDIV),
+    torch.lerp: _nary(LERP, 3), torch.clamp_min: _nary(CLAMP_MIN, 2), torch.clamp_max: _nary(CLAMP_MAX, 2),
+    torch.maximum: _nary(MAXIMUM, 2), torch.minimum: _nary(MINIMUM, 2),
+    torch.neg: _unary(NEG), torch.abs: _unary(ABS), torch.sqrt: _unary(SQRT), torch.rsqrt: _unary(RSQRT),
+    torch.reciprocal: _unary(RECIPROCAL), torch.exp: _unary(EXP), torch.log: _unary(LOG),
+    torch.tanh: _unary(TANH), torch.sigmoid: _unary(SIGMOID),
+    torch.ops.aten.tanh_backward.grad_input: _nary(TANH_BACKWARD, 2),
+    torch.ops.aten.sigmoid_backward.grad_input: _nary(SIGMOID_BACKWARD, 2),
+    torch.ops.aten.threshold_backward.grad_input: _nary(THRESHOLD_BACKWARD, 3),
+    torch.ops.aten.silu.out: _unary(SILU),
+})
+
+
+def _gelu(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
+    (approximate,) = _kw(kw, {"approximate": "none"})
+    if len(args) != 1 or approximate not in ("none", "tanh"):
+        raise Unsupported
+    return p.emit(GELU if approximate == "none" else GELU_TANH, args[0])
+
+
+RULES[torch.ops.aten.gelu.out] = _gelu
+
+
+def apply_rule(p: Program, fn: Any, args: list[Any], kw: dict[str, Any]) -> Ref:
+    rule = RULES.get(fn)
+    if rule is None:
+        raise Unsupported
+    return rule(p, args, kw)
+
+
+_MISSING = object()
+_PROGRAMS: dict[Any, tuple[tuple[int, ...], tuple[float, ...]] | None] = {}
+_RECORDS: dict[tuple[Any, tuple[tuple[int, ...], ...]], tuple[list[int], tuple[float, ...]] | None] = {}
+
+
+def program(kernel: Any, nin: int) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+    """The steps (flattened) and constants of ``kernel`` with ``nin`` input tiles, or None."""
+    key = (kernel, nin)
+    got = _PROGRAMS.get(key, _MISSING)
+    if got is not _MISSING:
+        return got  # type: ignore[return-value]
+    out = None
+    tr = TRANSLATORS.get(getattr(kernel, "fn", None))
+    if tr is not None and nin < MAX_BUFFERS:
+        p = Program()
+        try:
+            res = tr(p, kernel.params, [Ref(i + 1) for i in range(nin)])
+            if not p.steps or res != TEMP + len(p.steps) - 1:
+                p.emit(COPY, res)
+            out = (tuple(v for s in p.steps for v in s), tuple(p.consts))
+        except Unsupported:
+            out = None
+    if len(_PROGRAMS) > 50_000:
+        _PROGRAMS.clear()
+    _PROGRAMS[key] = out
+    return out
+
+
+_F32 = torch.float32
+_BIG = 2**31 - 1
+
+
+def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -> tuple[list[int], tuple[float, ...]] | None:
+    """The program record (``nbuf, ndim, shape, strides, nsteps, steps``) and constants
+    of a task running ``kernel`` on tiles ``specs`` (output first), or None when the
+    task must run as Python."""
+    for s in specs:
+        if s[1] is not _F32:
+            return None
+    shapes = tuple(s[2] for s in specs)
+    key = (kernel, shapes)
+    got = _RECORDS.get(key, _MISSING)
+    if got is not _MISSING:
+        return got  # type: ignore[return-value]
+    prog = program(kernel, len(specs) - 1)
+    out = None
+    if prog is not None:
+        views = VIEWS.get(kernel.fn)
+        out = _layout(shapes, prog, views(kernel.params, shapes) if views is not None else {})
+    if len(_RECORDS) > 50_000:
+        _RECORDS.clear()
+    _RECORDS[key] = out
+    return out
+
+
+def _layout(shapes: tuple[tuple[int, ...], ...], prog: tuple[tuple[int, ...], tuple[float, ...]],
+            views: dict[int, tuple[tuple[int, ...], int]]) -> tuple[list[int], tuple[float, ...]] | None:
+    oshape = shapes[0] or (1,)
+    nd = len(oshape)
+    if any(len(s) > nd for s in shapes) or nd > 16:
+        return None
+    ints = [len(shapes), nd, *oshape]
+    offsets = []
+    for b, s in enumerate(shapes):
+        numel = 1
+        for v in s:
+            numel *= v
+        if numel > _BIG:
+            return None
+        view = views.get(b)
+        if view is not None:
+            strides, offset = view
+            if len(strides) != nd:
+                return None
+            last = offset + sum((n - 1) * st for n, st in zip(oshape, strides))
+            if numel and not 0 <= offset <= last < numel:  # reads inside its tile only
+                return None
+            ints += strides
+            offsets.append(offset)
+            continue
+        s = (1,) * (nd - len(s)) + tuple(s)
+        strides = [0] * nd
+        step = 1
+        for d in range(nd - 1, -1, -1):
+            if s[d] != oshape[d] and s[d] != 1:
+                return None
+            strides[d] = step if s[d] != 1 else 0
+            step *= s[d]
+        ints += strides
+        offsets.append(0)
+    ints += offsets
+    steps, consts = prog
+    ints.append(len(steps) // 5)
+    ints += steps
+    return ints, consts
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))

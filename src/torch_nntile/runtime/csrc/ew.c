@@ -1,0 +1,261 @@
+/* The elementwise program interpreter of ew.h. Blocks of BLOCK elements: per block
+   each operand is a pointer to BLOCK consecutive values (the tile itself when its
+   stride is 1, else a gathered or broadcast copy), and each step is a tight loop the
+   compiler vectorizes. */
+#include "ew.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#define BLOCK 256
+
+int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf)
+{
+    if (nints < 3)
+        return -1;
+    int nb = prog[0], nd = prog[1];
+    if (nb != nbuf || nb < 1 || nb > TNT_EW_CONST || nd < 1 || nd > TNT_EW_MAXDIM)
+        return -1;
+    int at = 2 + nd + nb * nd + nb;
+    if (nints < at + 1 || prog[at - nb] != 0)  /* the output starts its tile */
+        return -1;
+    int ns = prog[at];
+    if (ns < 1 || ns > TNT_EW_MAXSTEPS || nints != at + 1 + 5 * ns)
+        return -1;
+    int64_t want = 1;
+    for (int d = nd - 1; d >= 0; d--) {  /* the output is contiguous */
+        if (prog[2 + d] < 0 || (prog[2 + d] > 1 && prog[2 + nd + d] != want))
+            return -1;
+        want *= prog[2 + d];
+    }
+    const int32_t *st = prog + at + 1;
+    for (int s = 0; s < ns; s++) {
+        if (st[5 * s] < 0 || st[5 * s] >= TNT_EW_NOPS)
+            return -1;
+        for (int k = 1; k < 5; k++) {
+            int r = st[5 * s + k];
+            if (r < 0)
+                continue;  /* unused slot */
+            if (r < TNT_EW_CONST ? r >= nb
+                : r < TNT_EW_TEMP ? r - TNT_EW_CONST >= nconst : r - TNT_EW_TEMP >= s)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* exp, tanh and the logistic function without libm calls, so that the loops over a
+   block vectorize: exp by n ln 2 + r range reduction and a degree-6 polynomial (about
+   1 ulp), tanh from it (a polynomial near 0, where 1 - 2 / (e^2x + 1) would cancel). */
+static inline float fexp(float x)
+{
+    float big = x > 88.72283935546875f;  /* past FLT_MAX */
+    x = x < -103.9f ? -103.9f : x > 88.8f ? 88.8f : x;
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    /* 2^n in two factors: n reaches -150 at the bottom, below the normal exponents */
+    int32_t ni = (int32_t)n, h = ni >> 1;
+    union { int32_t i; float f; } a = { (h + 127) << 23 }, b = { (ni - h + 127) << 23 };
+    float e = p * a.f * b.f;
+    return big ? __builtin_inff() : e;
+}
+
+static inline float ftanh(float x)
+{
+    float ax = fabsf(x), z = x * x;
+    float p = -5.70498872745e-3f;
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    float small = x + x * z * p;
+    float t = 1.0f - 2.0f / (fexp(2.0f * (ax > 10.0f ? 10.0f : ax)) + 1.0f);  /* 1 from 9.01 on */
+    float large = x < 0 ? -t : t;
+    return ax < 0.625f ? small : ax == ax ? large : x;  /* NaN stays NaN */
+}
+
+static inline float fsigmoid(float x) { return 1.0f / (1.0f + fexp(-x)); }
+
+/* NaN at +inf too, as PyTorch's CPU kernel gives */
+static inline float gelu(float x) { return x == __builtin_inff() ? __builtin_nanf("") : 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2)); }
+
+static inline float gelu_tanh(float x)
+{
+    const float k = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), c = 0.044715f;
+    float inner = k * (x + c * x * x * x);
+    return 0.5f * x * (1.0f + ftanh(inner));
+}
+
+static inline float lerp(float a, float b, float w)
+{
+    return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);
+}
+
+/* Built for AVX2 as well as the baseline, picked at load time. */
+__attribute__((target_clones("avx2", "default")))
+static void step(int op, int n, float *restrict o, const float *a, const float *b, const float *c,
+                 const float *d)
+{
+    int i;
+    switch (op) {
+    case TNT_EW_COPY: memmove(o, a, n * sizeof(float)); break;
+    case TNT_EW_ADD: for (i = 0; i < n; i++) o[i] = a[i] + b[i]; break;
+    case TNT_EW_SUB: for (i = 0; i < n; i++) o[i] = a[i] - b[i]; break;
+    case TNT_EW_MUL: for (i = 0; i < n; i++) o[i] = a[i] * b[i]; break;
+    case TNT_EW_DIV: for (i = 0; i < n; i++) o[i] = a[i] / b[i]; break;
+    case TNT_EW_ADD_SCALED: for (i = 0; i < n; i++) o[i] = a[i] + c[i] * b[i]; break;
+    case TNT_EW_SUB_SCALED: for (i = 0; i < n; i++) o[i] = a[i] - c[i] * b[i]; break;
+    case TNT_EW_ADDCMUL: for (i = 0; i < n; i++) o[i] = a[i] + d[i] * b[i] * c[i]; break;
+    case TNT_EW_ADDCDIV: for (i = 0; i < n; i++) o[i] = a[i] + d[i] * b[i] / c[i]; break;
+    case TNT_EW_LERP: for (i = 0; i < n; i++) o[i] = lerp(a[i], b[i], c[i]); break;
+    case TNT_EW_NEG: for (i = 0; i < n; i++) o[i] = -a[i]; break;
+    case TNT_EW_ABS: for (i = 0; i < n; i++) o[i] = fabsf(a[i]); break;
+    case TNT_EW_SQRT: for (i = 0; i < n; i++) o[i] = sqrtf(a[i]); break;
+    case TNT_EW_RSQRT: for (i = 0; i < n; i++) o[i] = 1.0f / sqrtf(a[i]); break;
+    case TNT_EW_RECIPROCAL: for (i = 0; i < n; i++) o[i] = 1.0f / a[i]; break;
+    case TNT_EW_EXP: for (i = 0; i < n; i++) o[i] = fexp(a[i]); break;
+    case TNT_EW_LOG: for (i = 0; i < n; i++) o[i] = logf(a[i]); break;
+    case TNT_EW_TANH: for (i = 0; i < n; i++) o[i] = ftanh(a[i]); break;
+    case TNT_EW_SIGMOID: for (i = 0; i < n; i++) o[i] = fsigmoid(a[i]); break;
+    case TNT_EW_POW:
+        for (i = 0; i < n; i++) {
+            float e = b[i], x = a[i];
+            o[i] = e == 2.0f ? x * x : e == 3.0f ? x * x * x : e == 0.5f ? sqrtf(x)
+                 : e == 1.0f ? x : e == -1.0f ? 1.0f / x : e == -2.0f ? 1.0f / (x * x) : powf(x, e);
+        }
+        break;
+    case TNT_EW_TANH_BACKWARD: for (i = 0; i < n; i++) o[i] = a[i] * (1.0f - b[i] * b[i]); break;
+    case TNT_EW_SIGMOID_BACKWARD: for (i = 0; i < n; i++) o[i] = a[i] * ((1.0f - b[i]) * b[i]); break;
+    case TNT_EW_THRESHOLD_BACKWARD: for (i = 0; i < n; i++) o[i] = b[i] <= c[i] ? 0.0f : a[i]; break;
+    case TNT_EW_CLAMP_MIN: for (i = 0; i < n; i++) o[i] = isnan(a[i]) ? a[i] : a[i] < b[i] ? b[i] : a[i]; break;
+    case TNT_EW_CLAMP_MAX: for (i = 0; i < n; i++) o[i] = isnan(a[i]) ? a[i] : a[i] > b[i] ? b[i] : a[i]; break;
+    case TNT_EW_MAXIMUM:
+        for (i = 0; i < n; i++) o[i] = isnan(a[i]) || isnan(b[i]) ? a[i] + b[i] : a[i] > b[i] ? a[i] : b[i];
+        break;
+    case TNT_EW_MINIMUM:
+        for (i = 0; i < n; i++) o[i] = isnan(a[i]) || isnan(b[i]) ? a[i] + b[i] : a[i] < b[i] ? a[i] : b[i];
+        break;
+    case TNT_EW_GELU: for (i = 0; i < n; i++) o[i] = gelu(a[i]); break;
+    case TNT_EW_GELU_TANH: for (i = 0; i < n; i++) o[i] = gelu_tanh(a[i]); break;
+    case TNT_EW_SILU: for (i = 0; i < n; i++) o[i] = a[i] / (1.0f + fexp(-a[i])); break;
+    default: break;
+    }
+}
+
+/* Merges neighbouring dims that every operand walks as one (contiguous or broadcast
+   in both); returns the new dim count. Size-1 dims go first. */
+static int collapse(int nd, int nb, int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM])
+{
+    int out = 0;
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] == 1 && nd > 1)
+            continue;
+        if (out > 0) {
+            int ok = 1;
+            for (int b = 0; b < nb && ok; b++)
+                ok = str[b][out - 1] == str[b][d] * shape[d];
+            if (ok) {
+                shape[out - 1] *= shape[d];
+                for (int b = 0; b < nb; b++)
+                    str[b][out - 1] = str[b][d];
+                continue;
+            }
+        }
+        shape[out] = shape[d];
+        for (int b = 0; b < nb; b++)
+            str[b][out] = str[b][d];
+        out++;
+    }
+    if (out == 0) {
+        shape[0] = 1;
+        for (int b = 0; b < nb; b++)
+            str[b][0] = 0;
+        out = 1;
+    }
+    return out;
+}
+
+void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
+{
+    int nb = prog[0], nd = prog[1];
+    int64_t shape[TNT_EW_MAXDIM], str[TNT_EW_CONST][TNT_EW_MAXDIM];
+    int64_t total = 1;
+    for (int d = 0; d < nd; d++) {
+        shape[d] = prog[2 + d];
+        total *= shape[d];
+        for (int b = 0; b < nb; b++)
+            str[b][d] = prog[2 + nd + b * nd + d];
+    }
+    if (total == 0)
+        return;
+    const int32_t *offsets = prog + 2 + nd + nb * nd, *steps = offsets + nb + 1;
+    int ns = steps[-1];
+    nd = collapse(nd, nb, shape, str);
+
+    float cval[TNT_EW_TEMP - TNT_EW_CONST][BLOCK];  /* constants as blocks, made once */
+    int nconst_used = 0;
+    for (int s = 0; s < ns; s++)
+        for (int k = 1; k < 5; k++) {
+            int r = steps[5 * s + k];
+            if (r >= TNT_EW_CONST && r < TNT_EW_TEMP && r - TNT_EW_CONST + 1 > nconst_used)
+                nconst_used = r - TNT_EW_CONST + 1;
+        }
+    for (int c = 0; c < nconst_used; c++) {
+        float v = (float)consts[c];
+        for (int i = 0; i < BLOCK; i++)
+            cval[c][i] = v;
+    }
+    static __thread float temp[TNT_EW_MAXSTEPS][BLOCK];
+    static __thread float gathered[TNT_EW_CONST][BLOCK];
+
+    int64_t inner = shape[nd - 1], outer = total / inner;
+    int64_t idx[TNT_EW_MAXDIM] = {0};
+    const float *src[TNT_EW_CONST];
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t off[TNT_EW_CONST];
+        for (int b = 0; b < nb; b++) {
+            off[b] = offsets[b];
+            for (int d = 0; d < nd - 1; d++)
+                off[b] += idx[d] * str[b][d];
+        }
+        for (int64_t j0 = 0; j0 < inner; j0 += BLOCK) {
+            int n = (int)(inner - j0 < BLOCK ? inner - j0 : BLOCK);
+            for (int b = 1; b < nb; b++) {
+                const float *p = (const float *)bufs[b] + off[b];
+                int64_t s = str[b][nd - 1];
+                if (s == 1) {
+                    src[b] = p + j0;
+                } else {
+                    float *g = gathered[b];
+                    for (int i = 0; i < n; i++)
+                        g[i] = p[(j0 + i) * s];
+                    src[b] = g;
+                }
+            }
+            float *out = (float *)bufs[0] + off[0] + j0;
+            src[0] = out;
+            for (int s = 0; s < ns; s++) {
+                const float *ops[4];
+                for (int k = 0; k < 4; k++) {
+                    int r = steps[5 * s + 1 + k];
+                    ops[k] = r < 0 ? NULL : r < TNT_EW_CONST ? src[r]
+                           : r < TNT_EW_TEMP ? cval[r - TNT_EW_CONST] : temp[r - TNT_EW_TEMP];
+                }
+                step(steps[5 * s], n, s == ns - 1 ? out : temp[s], ops[0], ops[1], ops[2], ops[3]);
+            }
+        }
+        for (int d = nd - 2; d >= 0; d--) {  /* next outer index */
+            if (++idx[d] < shape[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+}

@@ -1,0 +1,152 @@
+"""Elementwise tile kernels run as C programs (kernels.native, runtime/csrc/ew.c):
+the same values as CPU PyTorch, special values included, under broadcasting, views
+and tilings; which tasks get a program and which stay Python."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_close
+
+import torch_nntile
+from torch_nntile.kernels import native
+from torch_nntile.session import SESSION_STATE
+
+SPECIAL = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, 1e-30, -1e-30, 1e30, -1e30, 80.0, -80.0, 89.0,
+                        -104.0, 0.6, -0.63, 9.5, -20.0, math.inf, -math.inf, math.nan, 1e-3, 7.25])
+
+
+def _dev(t: torch.Tensor, tiles: int | list[int] | None = None) -> torch.Tensor:
+    d = t.to("nntile")
+    if tiles is not None:
+        name = f"native_{id(d)}"
+        torch_nntile.set_axis_group_name(d, {0: name})
+        torch_nntile.set_axis_group_tiling(name, tiles)
+    return d
+
+
+def _lowered() -> list[tuple[object, list, str]]:
+    torch_nntile.compile_graph()
+    out = [(t[0], t[3], t[4]) for t in SESSION_STATE.compiled.tasks]
+    torch_nntile.run()
+    torch_nntile.wait()
+    return out
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """NaN where CPU has NaN, the same infinities, finite values within tolerance."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan()), (got, want)
+    fin = want.isfinite()
+    assert torch.equal(got[~fin & ~want.isnan()], want[~fin & ~want.isnan()])
+    g, w = got[fin].double(), want[fin].double()
+    assert ((g - w).abs() <= rtol * w.abs() + atol).all(), ((g - w).abs().max(), got, want)
+
+
+UNARY = {
+    "neg": torch.neg, "abs": torch.abs, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal,
+    "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu,
+    "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu,
+    "square": lambda x: x ** 2, "cube": lambda x: x ** 3, "pow_half": lambda x: x ** 0.5,
+    "pow_neg_half": lambda x: x ** -0.5, "pow_neg2": lambda x: x ** -2, "pow_frac": lambda x: x.abs() ** 1.7,
+    "clamp_min": lambda x: x.clamp_min(0.5), "clamp_max": lambda x: x.clamp_max(-0.5),
+    "scaled": lambda x: x * 2.5 - 1, "div_scalar": lambda x: x / 3,
+}
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_special_values(name):
+    fn = UNARY[name]
+    x = torch.cat([SPECIAL, torch.linspace(-12, 12, 997)])
+    with torch.no_grad():
+        _same_bits(fn(_dev(x, [400, 621])).cpu(), fn(x))
+
+
+BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=-0.25), "sub_alpha": lambda a, b: torch.sub(a, b, alpha=3),
+    "maximum": torch.maximum, "minimum": torch.minimum, "pow": lambda a, b: a.abs() ** b,
+    "tanh_backward": lambda a, b: torch.ops.aten.tanh_backward(a, b.tanh()),
+    "sigmoid_backward": lambda a, b: torch.ops.aten.sigmoid_backward(a, b.sigmoid()),
+    "threshold_backward": lambda a, b: torch.ops.aten.threshold_backward(a, b, 0.0),
+    "lerp": lambda a, b: torch.lerp(a, b, 0.7), "lerp_small": lambda a, b: torch.lerp(a, b, 0.2),
+}
+
+
+@pytest.mark.parametrize("name", list(BINARY))
+@pytest.mark.parametrize("shapes", [((6, 7), (6, 7)), ((6, 7), (7,)), ((6, 7), (6, 1)), ((6, 1), (1, 7)), ((), (5,))])
+def test_binary_broadcasting(name, shapes):
+    fn = BINARY[name]
+    torch.manual_seed(1)
+    a, b = (torch.randn(s) * 3 for s in shapes)
+    if a.numel() > 1:
+        a.view(-1)[0] = math.nan
+    with torch.no_grad():
+        _same_bits(fn(_dev(a), _dev(b)).cpu(), fn(a, b))
+
+
+def test_adamw_style_chain_runs_as_one_c_task_per_tile():
+    torch.manual_seed(2)
+    p, g, m, v = (torch.randn(50, 8) for _ in range(4))
+    v = v.abs()
+
+    def chain(p, g, m, v):
+        m = torch.lerp(m, g, 0.1)
+        v = v * 0.999 + 0.001 * g * g
+        return torch.addcdiv(p * (1 - 1e-3 * 0.01), m, v.sqrt() / 0.97 + 1e-8, value=-1e-3 / 0.9)
+
+    want = chain(p, g, m, v)
+    got = chain(*(_dev(t, [20, 30]) for t in (p, g, m, v)))
+    tasks = _lowered()
+    assert_close(got.cpu(), want)
+    elementwise = [(k, specs) for k, specs, name in tasks if name not in ("ingress", "readout")]
+    assert len(elementwise) == 2  # one fused task per tile
+    assert all(native.record(k, specs) is not None for k, specs in elementwise)
+
+
+def test_what_stays_python():
+    def kernel_of(fn, *args):
+        held = fn(*(_dev(a) for a in args))  # noqa: F841 - a value nothing holds is not computed
+        (task,) = [(k, specs) for k, specs, name in _lowered() if name not in ("ingress", "readout")]
+        return native.record(*task)
+
+    x = torch.randn(4, 5)
+    assert kernel_of(lambda a: torch.div(a, 2, rounding_mode="floor"), x) is None  # no such step
+    assert kernel_of(lambda a: a * 2, x.double()) is None  # float32 only
+    assert kernel_of(lambda a: a * 2, x.to(torch.int32)) is None
+    assert kernel_of(lambda a: torch.erfinv(a), x) is None
+    assert kernel_of(lambda a: a * 2, x) is not None
+
+
+def test_views_fill_and_partial_sums():
+    torch.manual_seed(3)
+    x = torch.randn(6, 5, 4)
+    xn = _dev(x, [2, 4])
+    assert_close(xn.permute(2, 0, 1).contiguous().cpu(), x.permute(2, 0, 1).contiguous())
+    assert_close(xn.transpose(0, 2).reshape(-1).cpu(), x.transpose(0, 2).reshape(-1))
+    assert_close(xn.as_strided((3, 4), (7, 2), 3).cpu(), x.as_strided((3, 4), (7, 2), 3))
+    assert_close(torch.full((7, 3), -1.5, device="nntile").cpu(), torch.full((7, 3), -1.5))
+    w = torch.randn(4, 3)
+    assert_close((xn @ _dev(w)).sum(0).cpu(), (x @ w).sum(0))  # partial sums over dim-0 tiles
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
+def test_batched_products_in_c(ta, tb):
+    torch.manual_seed(4)
+    a = torch.randn(6, 5, 7) if not ta else torch.randn(6, 7, 5)
+    b = torch.randn(6, 7, 3) if not tb else torch.randn(6, 3, 7)
+
+    def f(a, b):
+        return torch.bmm(a.transpose(1, 2) if ta else a, b.transpose(1, 2) if tb else b)
+
+    assert_close(f(_dev(a, [2, 4]), _dev(b, [2, 4])).cpu(), f(a, b))
+    assert_close(f(_dev(a), _dev(b)).cpu(), f(a, b))
+
+
+def test_zero_size_and_zero_dim():
+    for shape in [(0, 3), (), (1,)]:
+        x = torch.randn(shape)
+        assert_close(torch.tanh(_dev(x) * 2 + 1).cpu(), torch.tanh(x * 2 + 1))
