@@ -150,3 +150,52 @@ def test_zero_size_and_zero_dim():
     for shape in [(0, 3), (), (1,)]:
         x = torch.randn(shape)
         assert_close(torch.tanh(_dev(x) * 2 + 1).cpu(), torch.tanh(x * 2 + 1))
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dim", [-1, 1])
+def test_softmax_rows_in_c(log, dim):
+    torch.manual_seed(5)
+    x = torch.randn(6, 9, 5, requires_grad=True)
+    x.data[0, 0, 0] = math.nan
+    x.data[1, :, 2] = -math.inf if dim == 1 else x.data[1, :, 2]
+    x.data[2, 3, :] = -math.inf if dim == -1 else x.data[2, 3, :]
+    fn = F.log_softmax if log else F.softmax
+    want = fn(x, dim)
+    g = torch.randn_like(want)
+    (gx,) = torch.autograd.grad(want, x, g)
+    xn = x.detach().to("nntile").requires_grad_()
+    got = fn(xn, dim)
+    (gxn,) = torch.autograd.grad(got, xn, g.to("nntile"))
+    _same_bits(got.detach().cpu(), want.detach())
+    _same_bits(gxn.cpu(), gx)
+
+
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("tiles", [None, [3, 5]])
+def test_layer_norm_rows_in_c(affine, tiles):
+    torch.manual_seed(6)
+    x = (torch.randn(8, 3, 40) * 4 + 2).requires_grad_()
+    ln = torch.nn.LayerNorm(40, elementwise_affine=affine)
+    if affine:
+        with torch.no_grad():
+            ln.weight.normal_()
+            ln.bias.normal_()
+    want = ln(x)
+    g = torch.randn_like(want)
+    grads = torch.autograd.grad(want, [x, *ln.parameters()], g)
+    lnn = torch.nn.LayerNorm(40, elementwise_affine=affine).to("nntile")
+    lnn.load_state_dict(ln.state_dict())
+    xn = _dev(x.detach(), tiles).requires_grad_()
+    got = lnn(xn)
+    gotg = torch.autograd.grad(got, [xn, *lnn.parameters()], g.to("nntile"))
+    assert_close(got.detach().cpu(), want.detach())
+    for a, b in zip(gotg, grads):
+        assert_close(a.cpu(), b, rtol=1e-4)
+
+
+def test_row_kernels_get_c_records():
+    x = torch.randn(4, 6).to("nntile")
+    held = [F.softmax(x, -1), F.log_softmax(x, 0), F.layer_norm(x, (6,))]  # noqa: F841
+    tasks = [(k, specs) for k, specs, name in _lowered() if name not in ("ingress", "readout")]
+    assert len(tasks) == 3 and all(native.record(k, specs) is not None for k, specs in tasks)

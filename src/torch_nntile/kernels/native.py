@@ -79,6 +79,11 @@ VIEWS: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...
 per output dim, for its params and tile shapes: buffers not named are read by
 broadcasting their shape (kernels that copy a view: permutations, strided views)."""
 
+ROWS: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...], ...]],
+                                        tuple[list[int], tuple[float, ...]] | None]] = {}
+"""``Kernel.fn`` -> its record (a ``csrc/rows.h`` kind and parameters, constants) for
+its params and tile shapes, or None: row-wise kernels (softmax, layer norm)."""
+
 TRANSLATORS: dict[Callable[..., None], Callable[[Program, tuple[Any, ...], list[Ref]], Ref]] = {}
 """``Kernel.fn`` -> translator: emits the kernel's steps for its params and its input
 tiles (``Ref``s of buffers 1, 2, ...), returns the result's operand."""
@@ -233,6 +238,13 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
     got = _RECORDS.get(key, _MISSING)
     if got is not _MISSING:
         return got  # type: ignore[return-value]
+    rows = ROWS.get(kernel.fn)
+    if rows is not None:
+        out = rows(kernel.params, shapes) if all(numel(s) <= _BIG for s in shapes) else None
+        if len(_RECORDS) > 50_000:
+            _RECORDS.clear()
+        _RECORDS[key] = out
+        return out
     prog = program(kernel, len(specs) - 1)
     out = None
     if prog is not None:
@@ -250,13 +262,11 @@ def _layout(shapes: tuple[tuple[int, ...], ...], prog: tuple[tuple[int, ...], tu
     nd = len(oshape)
     if any(len(s) > nd for s in shapes) or nd > 16:
         return None
-    ints = [len(shapes), nd, *oshape]
+    ints = [0, len(shapes), nd, *oshape]  # kind 0: an ew.h program
     offsets = []
     for b, s in enumerate(shapes):
-        numel = 1
-        for v in s:
-            numel *= v
-        if numel > _BIG:
+        n = numel(s)
+        if n > _BIG:
             return None
         view = views.get(b)
         if view is not None:
@@ -264,7 +274,7 @@ def _layout(shapes: tuple[tuple[int, ...], ...], prog: tuple[tuple[int, ...], tu
             if len(strides) != nd:
                 return None
             last = offset + sum((n - 1) * st for n, st in zip(oshape, strides))
-            if numel and not 0 <= offset <= last < numel:  # reads inside its tile only
+            if n and not 0 <= offset <= last < n:  # reads inside its tile only
                 return None
             ints += strides
             offsets.append(offset)
@@ -292,3 +302,21 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         out.append(step)
         step *= n
     return tuple(reversed(out))
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for v in shape:
+        n *= v
+    return n
+
+
+# csrc/rows.h kinds
+SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD = 1, 2, 3, 4
+
+
+def rows_around(shape: tuple[int, ...], dim: int) -> tuple[int, int, int]:
+    """(outer, n, inner) of a tile reduced along ``dim``."""
+    if not shape:
+        return 1, 1, 1
+    return numel(shape[:dim]), shape[dim], numel(shape[dim + 1:])

@@ -10,14 +10,16 @@ the weight and bias gradients sum over the tiles of the leading dims.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+from typing import Any
 
 import torch
 
 from torch_nntile.graph.axes import new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record, reduce_into, split_chains
 from torch_nntile.ops.reduce import acc_dtype, chan_combine, part_sizes, row_stats, stacked
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
@@ -43,6 +45,17 @@ def layer_norm_tile(shape: tuple[int, ...], eps: float, has_w: bool, has_b: bool
                     r: torch.Tensor, t: torch.Tensor, *wb: torch.Tensor) -> None:
     w, b = _affine(has_w, has_b, wb)
     _aten.native_layer_norm.out(t, list(shape), w, b, eps, out0=o, out1=m, out2=r)
+
+
+def _layer_norm_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    shape, eps, has_w, has_b = params
+    n = native.numel(shape)
+    if n == 0 or shapes[0] != shapes[3]:
+        return None
+    return [native.LAYER_NORM, native.numel(shapes[3]) // n, n, int(has_w), int(has_b)], (float(eps),)
+
+
+native.ROWS[layer_norm_tile] = _layer_norm_rows
 
 
 def _trailing_tiled(ctx: Lowering, xn: DataNode, k: int) -> bool:
@@ -150,6 +163,21 @@ def layer_norm_grad_tile(which: int, shape: tuple[int, ...], has_w: bool, has_b:
 def layer_norm_grad_tile_into(which: int, shape: tuple[int, ...], has_w: bool, has_b: bool, o: torch.Tensor,
                               *ts: torch.Tensor) -> None:
     o.add_(layer_norm_grad(which, shape, has_w, has_b, *ts[:4], ts[4:]))
+
+
+def _layer_norm_grad_rows(accumulate: bool, params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]
+                          ) -> tuple[list[int], tuple] | None:
+    which, shape, has_w, has_b = params
+    n = native.numel(shape)
+    if n == 0 or shapes[1] != shapes[2] or (which == 0 and shapes[0] != shapes[1]) \
+            or (which and native.numel(shapes[0]) != n):
+        return None
+    rows = native.numel(shapes[2]) // n
+    return [native.LAYER_NORM_GRAD, rows, n, which, int(has_w), int(has_b), int(accumulate)], ()
+
+
+native.ROWS[layer_norm_grad_tile] = functools.partial(_layer_norm_grad_rows, False)
+native.ROWS[layer_norm_grad_tile_into] = functools.partial(_layer_norm_grad_rows, True)
 
 
 def ln_backward_partial(dims: tuple[int, ...], has_w: bool, pa: torch.Tensor, pc: torch.Tensor, g: torch.Tensor,

@@ -9,11 +9,13 @@ backward ops likewise combine per-tile sums (``sum(g * y)``, or ``sum(g)``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from torch_nntile.graph.axes import union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record, wrap_dim
 from torch_nntile.ops.reduce import acc_dtype, reduced_shape, reduced_tiling, row_stats, stacked
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
@@ -33,6 +35,17 @@ def softmax_backward_tile(dim: int, log: bool, dtype: torch.dtype, o: torch.Tens
         _aten._log_softmax_backward_data.out(g, y, dim, dtype, out=o)
     else:
         _aten._softmax_backward_data.out(g, y, dim, dtype, grad_input=o)
+
+
+def _softmax_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    dim, log = params[:2]
+    if len(params) == 3 and params[2] is not torch.float32 or any(s != shapes[0] for s in shapes):
+        return None
+    kind = native.SOFTMAX if len(params) == 2 else native.SOFTMAX_BACKWARD
+    return [kind, *native.rows_around(shapes[0], dim % max(len(shapes[0]), 1)), int(log)], ()
+
+
+native.ROWS[softmax_tile] = native.ROWS[softmax_backward_tile] = _softmax_rows
 
 
 def _finite_max(m: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,7 @@ SOURCE = r"""
 #include <time.h>
 
 #include "ew.h"
+#include "rows.h"
 
 typedef void *tnt_handle;
 static int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
@@ -378,8 +379,9 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
     tnt_native_done(task, nbuf, a->key, w, a->name, a->trace, t0);
 }
 
-/* Elementwise tiles (csrc/ew.c): cl_arg is a tnt_ew_args followed by its program
-   (nints int32) and its constants (nconst doubles, 8-byte aligned). */
+/* Elementwise and row-wise tiles (csrc/ew.c, csrc/rows.c): cl_arg is a tnt_ew_args
+   followed by its program (nints int32: the kind, 0 for an ew.h program, else a
+   rows.h kind, then its layout) and its constants (nconst doubles, 8-byte aligned). */
 struct tnt_ew_args { int64_t key; int name, trace, nints, nconst; };
 static struct starpu_codelet tnt_ew_cl;
 
@@ -404,8 +406,14 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
     for (int i = 0; i < nbuf; i++)
         ptrs[i] = (void *)STARPU_VECTOR_GET_PTR(buffers[i]);
     double t0 = tnt_now();
-    if (!tnt_skip_kernels)
-        tnt_ew_run((const int32_t *)(a + 1), (const double *)((const char *)a + tnt_ew_consts_at(a->nints)), ptrs);
+    if (!tnt_skip_kernels) {
+        const int32_t *prog = (const int32_t *)(a + 1);
+        const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
+        if (prog[0] == 0)
+            tnt_ew_run(prog + 1, consts, ptrs);
+        else
+            tnt_rows_run(prog[0], prog + 1, consts, ptrs);
+    }
     tnt_native_done(task, nbuf, a->key, starpu_worker_get_id(), a->name, a->trace, t0);
 }
 
@@ -414,8 +422,10 @@ static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_
 {
     int name = rec[0], nints = rec[1], nconst = rec[2];
     const int32_t *prog = rec + 3;
-    if (name < 0 || name >= TNT_NAMES || nconst < 0 || nconst > TNT_EW_TEMP - TNT_EW_CONST
-        || tnt_ew_check(prog, nints, nconst, nbuf) != 0)
+    if (name < 0 || name >= TNT_NAMES || nconst < 0 || nconst > TNT_EW_TEMP - TNT_EW_CONST || nints < 1
+        || nbuf > TNT_EW_CONST
+        || (prog[0] == 0 ? tnt_ew_check(prog + 1, nints - 1, nconst, nbuf)
+                         : tnt_rows_check(prog[0], prog + 1, nints - 1, nconst, nbuf)) != 0)
         return -EINVAL;
     size_t at = tnt_ew_consts_at(nints), size = at + (size_t)nconst * sizeof(double);
     struct tnt_ew_args *a = malloc(size);
@@ -502,7 +512,7 @@ static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int 
    key0 + i and nbufs[i] handles/modes, consecutive in handles/modes. Product tasks are
    listed in gemm (10 ints each: task index, kind, ta, tb, m, n, k, double?, name id, batch; by
    task index) with coef (alpha, beta); elementwise tasks in ew (records by task index:
-   task index, name id, nints, nconst, then the csrc/ew.h program) with their constants
+   task index, name id, nints, nconst, then the kind and its csrc/ew.h or rows.h layout) with their constants
    consecutive in ewc; the others run the Python kernel of their key.
    Returns how many tasks went in; out[0] counts them as they go (so the caller knows
    even if it is interrupted right after this returns), out[1] is StarPU's error for
@@ -597,7 +607,7 @@ _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 ffibuilder.set_source(
     "torch_nntile.runtime._shim",
     SOURCE,
-    sources=[os.path.relpath(os.path.join(_CSRC, "ew.c"))],
+    sources=[os.path.relpath(os.path.join(_CSRC, f)) for f in ("ew.c", "rows.c")],
     include_dirs=[_CSRC],
     extra_compile_args=_cflags + ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall"],
     extra_link_args=_libs + ["-lm"],

@@ -31,6 +31,24 @@ def offsets(sizes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+_LAYOUTS: dict[tuple[Tiling, torch.dtype], tuple[tuple[int, ...], tuple[tuple[int, ...], ...], list[TileSpec],
+                                                   list[int]]] = {}
+
+
+def _layout(tiling: Tiling, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...],
+                                                        list[TileSpec], list[int]]:
+    """Grid, tile offsets, tile specs and sizes of a tiling: shared by every array of it."""
+    item = dtype.itemsize
+    shapes = list(itertools.product(*tiling)) if tiling else [()]
+    sizes = [math.prod(ts) for ts in shapes]
+    specs: list[TileSpec] = [(n * item, dtype, ts) for n, ts in zip(sizes, shapes)]  # per flat index
+    out = (tuple(len(t) for t in tiling), tuple(offsets(t) for t in tiling), specs, sizes)
+    if len(_LAYOUTS) > 10_000:
+        _LAYOUTS.clear()
+    _LAYOUTS[(tiling, dtype)] = out
+    return out
+
+
 class TileArray:
     """The tiles of one value; its handles go back to the runtime's spares when it dies.
 
@@ -45,15 +63,13 @@ class TileArray:
         self.shape = shape
         self.dtype = dtype
         self.tiling = tiling
-        self.grid = tuple(len(t) for t in tiling)
-        self.offs = tuple(offsets(t) for t in tiling)
         self.base = base
-        item = dtype.itemsize
-        shapes = list(itertools.product(*tiling)) if tiling else [()]
-        sizes = [math.prod(ts) for ts in shapes]
-        self.specs: list[TileSpec] = [(n * item, dtype, ts) for n, ts in zip(sizes, shapes)]  # per flat index
+        layout = _LAYOUTS.get((tiling, dtype))
+        if layout is None:
+            layout = _layout(tiling, dtype)
+        self.grid, self.offs, self.specs, sizes = layout
         if base is None:
-            self.handles = rt.register_many(sizes, item)
+            self.handles = rt.register_many(sizes, dtype.itemsize)
         else:  # tile k is the base's tile order[k], the same bytes in another shape
             self.handles = [base.handles[f] for f in order]
 

@@ -1,0 +1,251 @@
+/* The row-wise kernels of rows.h. Sums are accumulated in double. */
+#include "rows.h"
+#include "fmath.h"
+
+#include <math.h>
+#include <stddef.h>
+
+static int nbuf_of(int kind, const int32_t *p)
+{
+    switch (kind) {
+    case TNT_ROWS_SOFTMAX: return 2;
+    case TNT_ROWS_SOFTMAX_BACKWARD: return 3;
+    case TNT_ROWS_LAYER_NORM: return 4 + (p[2] != 0) + (p[3] != 0);
+    case TNT_ROWS_LAYER_NORM_GRAD: return 5 + (p[3] != 0) + (p[4] != 0);
+    default: return -1;
+    }
+}
+
+int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
+{
+    static const int want[] = { 0, 4, 4, 4, 6 };
+    if (kind < TNT_ROWS_SOFTMAX || kind > TNT_ROWS_LAYER_NORM_GRAD || nints != want[kind])
+        return -1;
+    for (int i = 0; i < (kind <= TNT_ROWS_SOFTMAX_BACKWARD ? 3 : 2); i++)
+        if (p[i] < 0)
+            return -1;
+    if (kind == TNT_ROWS_LAYER_NORM && nconst != 1)
+        return -1;
+    if (kind == TNT_ROWS_LAYER_NORM_GRAD && (p[2] < 0 || p[2] > 2))
+        return -1;
+    return nbuf_of(kind, p) == nbuf ? 0 : -1;
+}
+
+/* Sums with eight float lanes (the loop vectorizes), added up in double. */
+static inline __attribute__((always_inline)) double sum8(const float *a, int64_t n)
+{
+    float acc[8] = { 0 };
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++)
+            acc[k] += a[j + k];
+    double s = 0;
+    for (int k = 0; k < 8; k++)
+        s += acc[k];
+    for (; j < n; j++)
+        s += a[j];
+    return s;
+}
+
+static inline __attribute__((always_inline)) double dot8(const float *a, const float *b, int64_t n)
+{
+    float acc[8] = { 0 };
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++)
+            acc[k] += a[j + k] * b[j + k];
+    double s = 0;
+    for (int k = 0; k < 8; k++)
+        s += acc[k];
+    for (; j < n; j++)
+        s += (double)a[j] * b[j];
+    return s;
+}
+
+/* softmax / log_softmax of one contiguous row; o may serve as scratch. A NaN in the
+   row is left out of the max but makes the sum, hence every output, NaN. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void softmax_row(int as_log, int64_t n, float *restrict o, const float *restrict x)
+{
+    float lane[8] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++)
+            lane[k] = x[j + k] > lane[k] ? x[j + k] : lane[k];
+    float m = -INFINITY;
+    for (int k = 0; k < 8; k++)
+        m = lane[k] > m ? lane[k] : m;
+    for (; j < n; j++)
+        m = x[j] > m ? x[j] : m;
+    for (j = 0; j < n; j++)
+        o[j] = fexp(x[j] - m);
+    double s = sum8(o, n);
+    if (as_log) {
+        float shift = m + (float)log(s);
+        for (int64_t j = 0; j < n; j++)
+            o[j] = x[j] - shift;
+    } else {
+        float inv = (float)(1.0 / s);
+        for (int64_t j = 0; j < n; j++)
+            o[j] *= inv;
+    }
+}
+
+/* softmax / log_softmax along the middle extent */
+static void softmax(const int32_t *p, void *const *bufs)
+{
+    int64_t outer = p[0], n = p[1], inner = p[2];
+    int as_log = p[3];
+    float *o = bufs[0];
+    const float *x = bufs[1];
+    if (inner == 1) {
+        for (int64_t a = 0; a < outer; a++)
+            softmax_row(as_log, n, o + a * n, x + a * n);
+        return;
+    }
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t c = 0; c < inner; c++) {
+            const float *xr = x + a * n * inner + c;
+            float *orow = o + a * n * inner + c;
+            float m = -INFINITY;
+            for (int64_t j = 0; j < n; j++)
+                m = xr[j * inner] > m ? xr[j * inner] : m;
+            double s = 0;
+            for (int64_t j = 0; j < n; j++)
+                s += fexp(xr[j * inner] - m);
+            float shift = m + (float)log(s), inv = (float)(1.0 / s);
+            for (int64_t j = 0; j < n; j++)
+                orow[j * inner] = as_log ? xr[j * inner] - shift : fexp(xr[j * inner] - m) * inv;
+        }
+}
+
+/* softmax: g_in = y (g - sum(g y)); log_softmax: g_in = g - exp(y) sum(g) */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void softmax_backward(const int32_t *p, void *const *bufs)
+{
+    int64_t outer = p[0], n = p[1], inner = p[2];
+    int as_log = p[3];
+    float *o = bufs[0];
+    const float *g = bufs[1], *y = bufs[2];
+    if (inner == 1) {
+        for (int64_t a = 0; a < outer; a++) {
+            const float *gr = g + a * n, *yr = y + a * n;
+            float *orow = o + a * n;
+            float s = (float)(as_log ? sum8(gr, n) : dot8(gr, yr, n));
+            if (as_log)
+                for (int64_t j = 0; j < n; j++)
+                    orow[j] = gr[j] - fexp(yr[j]) * s;
+            else
+                for (int64_t j = 0; j < n; j++)
+                    orow[j] = yr[j] * (gr[j] - s);
+        }
+        return;
+    }
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t c = 0; c < inner; c++) {
+            int64_t base = a * n * inner + c;
+            double s = 0;
+            for (int64_t j = 0; j < n; j++)
+                s += as_log ? (double)g[base + j * inner] : (double)g[base + j * inner] * y[base + j * inner];
+            float sf = (float)s;
+            for (int64_t j = 0; j < n; j++) {
+                int64_t i = base + j * inner;
+                o[i] = as_log ? g[i] - fexp(y[i]) * sf : y[i] * (g[i] - sf);
+            }
+        }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void layer_norm(const int32_t *p, const double *consts, void *const *bufs)
+{
+    int64_t rows = p[0], n = p[1];
+    int has_w = p[2], has_b = p[3];
+    float *y = bufs[0], *mean = bufs[1], *rstd = bufs[2];
+    const float *x = bufs[3], *w = has_w ? bufs[4] : NULL, *b = has_b ? bufs[4 + has_w] : NULL;
+    float eps = (float)consts[0];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        double s = 0, s2 = 0;
+        for (int64_t j = 0; j < n; j++)
+            s += xr[j];
+        double mu = s / (double)n;
+        for (int64_t j = 0; j < n; j++) {
+            double d = xr[j] - mu;
+            s2 += d * d;
+        }
+        float var = (float)(s2 / (double)n);
+        float rs = 1.0f / sqrtf((var > 0 ? var : 0) + eps), muf = (float)mu;
+        mean[r] = muf;
+        rstd[r] = rs;
+        for (int64_t j = 0; j < n; j++) {
+            float v = (xr[j] - muf) * rs;
+            if (has_w)
+                v *= w[j];
+            if (has_b)
+                v += b[j];
+            yr[j] = v;
+        }
+    }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void layer_norm_grad(const int32_t *p, void *const *bufs)
+{
+    int64_t rows = p[0], n = p[1];
+    int which = p[2], has_w = p[3], accumulate = p[5];
+    float *o = bufs[0];
+    const float *g = bufs[1], *x = bufs[2], *mean = bufs[3], *rstd = bufs[4];
+    const float *w = has_w ? bufs[5] : NULL;
+    if (which == 0) {  /* g_x = rstd (g w - mean(g w) - xhat mean(g w xhat)) */
+        for (int64_t r = 0; r < rows; r++) {
+            const float *gr = g + r * n, *xr = x + r * n;
+            float mu = mean[r], rs = rstd[r];
+            double a = 0, c = 0;
+            for (int64_t j = 0; j < n; j++) {
+                double gw = has_w ? (double)gr[j] * w[j] : (double)gr[j];
+                a += gw;
+                c += gw * ((xr[j] - mu) * rs);
+            }
+            float an = (float)(a / (double)n), cn = (float)(c / (double)n);
+            float *orow = o + r * n;
+            for (int64_t j = 0; j < n; j++) {
+                float gw = has_w ? gr[j] * w[j] : gr[j];
+                float v = rs * (gw - an - (xr[j] - mu) * rs * cn);
+                orow[j] = accumulate ? orow[j] + v : v;
+            }
+        }
+        return;
+    }
+    /* weight: sum over rows of g xhat; bias: sum over rows of g (columns in blocks) */
+    enum { COLS = 512 };
+    double acc[COLS];
+    for (int64_t j0 = 0; j0 < n; j0 += COLS) {
+        int64_t nc = n - j0 < COLS ? n - j0 : COLS;
+        for (int64_t j = 0; j < nc; j++)
+            acc[j] = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *gr = g + r * n + j0, *xr = x + r * n + j0;
+            float mu = mean[r], rs = rstd[r];
+            if (which == 1)
+                for (int64_t j = 0; j < nc; j++)
+                    acc[j] += (double)gr[j] * ((xr[j] - mu) * rs);
+            else
+                for (int64_t j = 0; j < nc; j++)
+                    acc[j] += gr[j];
+        }
+        for (int64_t j = 0; j < nc; j++)
+            o[j0 + j] = accumulate ? o[j0 + j] + (float)acc[j] : (float)acc[j];
+    }
+}
+
+void tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *bufs)
+{
+    switch (kind) {
+    case TNT_ROWS_SOFTMAX: softmax(p, bufs); break;
+    case TNT_ROWS_SOFTMAX_BACKWARD: softmax_backward(p, bufs); break;
+    case TNT_ROWS_LAYER_NORM: layer_norm(p, consts, bufs); break;
+    case TNT_ROWS_LAYER_NORM_GRAD: layer_norm_grad(p, bufs); break;
+    default: break;
+    }
+}
