@@ -233,6 +233,7 @@ def reduce_into(
     name: str,
     nchains: int,
     finish: Kernel | None = None,
+    started: bool = False,
 ) -> None:
     """Sum contributions into one output tile.
 
@@ -240,7 +241,8 @@ def reduce_into(
     into ``nchains`` chains (see ``split_chains``), so that parts whose inputs are
     ready together (e.g. the batch tiles of a gradient) start together: the first
     chain accumulates in the output tile, the others in temporary tiles; chains run
-    in parallel and are summed pairwise at the end.
+    in parallel and are summed pairwise at the end. With ``started`` the output tile
+    already holds a value (a bias) that the first chain accumulates onto.
     """
     nchains = max(1, min(nchains, len(parts)))
     shape = out.tile_shape(idx)
@@ -251,7 +253,8 @@ def reduce_into(
     for c, (arr, aidx) in enumerate(heads):
         chain = parts[c::nchains]  # never empty: nchains <= len(parts)
         for j, (write, acc, args) in enumerate(chain):
-            ctx.task(write if j == 0 else acc, [Arg(arr, aidx, W if j == 0 else RW), *args], name)
+            first = j == 0 and not (started and c == 0)
+            ctx.task(write if first else acc, [Arg(arr, aidx, W if first else RW), *args], name)
     while len(heads) > 1:
         nxt = []
         for i in range(0, len(heads) - 1, 2):

@@ -4,12 +4,13 @@ and batched products of 3-D values (bmm, baddbmm), tiled over the batch, M, N an
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 
 from torch_nntile.graph.axes import union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel, gemm, pack_b
+from torch_nntile.kernels import Kernel, gemm, native, pack_b
 from torch_nntile.ops.base import Op, input_index, record, reduce_into, split_chains
 from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
 
@@ -19,14 +20,17 @@ PACK_MIN = 1 << 16  # elements of a B tile worth packing once for several produc
 def _lower_mm(ctx: Lowering, node: OpNode) -> None:
     ta, tb, alpha, beta = node.attrs
     a, b = ctx.input(node.inputs[0]), ctx.input(node.inputs[1])
-    bias = ctx.input(node.inputs[2]) if len(node.inputs) > 2 else None
+    # beta * bias is written first and the products accumulate onto it; with beta 0 the
+    # bias is not read at all (its NaNs do not propagate), as in PyTorch
+    bias = ctx.input(node.inputs[2]) if len(node.inputs) > 2 and beta != 0 else None
     out = ctx.output(node.outputs[0])
     nk = a.grid[0] if ta else a.grid[1]
     ksizes = a.tiling[0] if ta else a.tiling[1]
     nchains = split_chains(ctx, node, nk, out.grid[0] * out.grid[1])
     # A B tile feeds every row of output tiles: pack it once per row-tile height that
     # several rows share, instead of inside every product.
-    rows = Counter(out.tiling[0]) if bias is None and out.dtype == torch.float32 else Counter()
+    rows = Counter(out.tiling[0]) if out.dtype == torch.float32 else Counter()
+    scaled = Kernel(scaled_bias, beta)
     packs: dict[tuple[tuple[int, int], int], TileArray | None] = {}
     for i, j in out.indices():
         m, n = out.tiling[0][i], out.tiling[1][j]
@@ -42,13 +46,10 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
                 parts.append((gemm(ta, tb, alpha, False, True), gemm(ta, tb, alpha, True, True), args))
                 continue
             args.append(Arg(b, bidx, R))
-            if k == 0 and bias is not None:
-                args.append(Arg(bias, input_index(bias, (i, j), 2), R))
-                write = Kernel(addmm_tile, ta, tb, alpha, beta)
-            else:
-                write = gemm(ta, tb, alpha, False)
-            parts.append((write, gemm(ta, tb, alpha, True), args))
-        reduce_into(ctx, out, (i, j), parts, "mm", nchains)
+            parts.append((gemm(ta, tb, alpha, False), gemm(ta, tb, alpha, True), args))
+        if bias is not None:
+            ctx.task(scaled, [Arg(out, (i, j), W), Arg(bias, input_index(bias, (i, j), 2), R)], "mm")
+        reduce_into(ctx, out, (i, j), parts, "mm", nchains, started=bias is not None)
 
 
 def _packed_b(ctx: Lowering, packs: dict, b: TileArray, bidx: tuple[int, int], tb: bool,
@@ -65,9 +66,19 @@ def _packed_b(ctx: Lowering, packs: dict, b: TileArray, bidx: tuple[int, int], t
     return packs[key]
 
 
-def addmm_tile(ta: bool, tb: bool, alpha: float, beta: float, o: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-               bias: torch.Tensor) -> None:
-    torch.addmm(bias, x.t() if ta else x, y.t() if tb else y, beta=beta, alpha=alpha, out=o)
+def scaled_bias(beta: float, o: torch.Tensor, bias: torch.Tensor) -> None:
+    """``o = beta * bias`` broadcast: where a product with a bias starts."""
+    o.copy_(bias)
+    if beta != 1:
+        o.mul_(beta)
+
+
+def _scaled_bias_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
+    (beta,) = params
+    return p.emit(native.COPY, refs[0]) if beta == 1 else p.emit(native.MUL, refs[0], beta)
+
+
+native.TRANSLATORS[scaled_bias] = _scaled_bias_program
 
 
 def _mm_cost(node: OpNode) -> float:
