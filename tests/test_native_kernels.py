@@ -199,3 +199,26 @@ def test_row_kernels_get_c_records():
     held = [F.softmax(x, -1), F.log_softmax(x, 0), F.layer_norm(x, (6,))]  # noqa: F841
     tasks = [(k, specs) for k, specs, name in _lowered() if name not in ("ingress", "readout")]
     assert len(tasks) == 3 and all(native.record(k, specs) is not None for k, specs in tasks)
+
+
+@pytest.mark.parametrize("tiles", [[3, 5], [1, 4, 3]])
+def test_retiles_and_concatenations_copy_boxes_in_c(tiles):
+    torch.manual_seed(7)
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    xn = _dev(x, tiles)
+    yn = _dev(y)
+    assert_close(torch.cat([xn, yn], 1).cpu(), torch.cat([x, y], 1))
+    assert_close(xn.reshape(4, 12).cpu(), x.reshape(4, 12))
+    assert_close(xn.t().contiguous().cpu(), x.t().contiguous())
+    held = torch.cat([xn, yn], 1)  # noqa: F841
+    tasks = [(k, specs, name) for k, specs, name in _lowered() if name == "cat"]
+    assert tasks and all(native.record(k, specs) is not None for k, specs, _ in tasks)
+
+
+@pytest.mark.parametrize("n", [12, 70])
+def test_tasks_with_many_tiles(n):
+    """More tiles than StarPU's fixed buffer slots (and than a C program takes)."""
+    parts = [torch.randn(2, 3) for _ in range(n)]
+    got = torch.cat([p.to("nntile") for p in parts], 0)
+    assert_close(got.cpu(), torch.cat(parts, 0))
+    assert_close(torch.stack([p.to("nntile") for p in parts]).sum(0).cpu(), torch.stack(parts).sum(0))

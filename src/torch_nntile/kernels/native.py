@@ -230,6 +230,8 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
     """The program record (``nbuf, ndim, shape, strides, nsteps, steps``) and constants
     of a task running ``kernel`` on tiles ``specs`` (output first), or None when the
     task must run as Python."""
+    if len(specs) > MAX_BUFFERS:
+        return None
     for s in specs:
         if s[1] is not _F32:
             return None
@@ -312,7 +314,7 @@ def numel(shape: tuple[int, ...]) -> int:
 
 
 # csrc/rows.h kinds
-SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD = 1, 2, 3, 4
+SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD, COPY_BOXES = 1, 2, 3, 4, 5
 
 
 def rows_around(shape: tuple[int, ...], dim: int) -> tuple[int, int, int]:

@@ -232,22 +232,31 @@ int tnt_submit_fail(tnt_handle h, int64_t failure)
 
 void tnt_set_abandon(int64_t failure) { __atomic_store_n(&tnt_abandon_id, failure, __ATOMIC_RELAXED); }
 
-static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where)
+/* A task's handles and modes; more than STARPU_NMAXBUFS go in arrays of their own
+   (StarPU frees them with the task). Nonzero when those cannot be had. */
+static int tnt_set_buffers(struct starpu_task *task, int n, tnt_handle *handles, int *modes)
 {
-    struct starpu_task *task = starpu_task_create();
-    task->cl = &tnt_cl;
-    task->cl_arg = (void *)(intptr_t)key;
     task->nbuffers = n;
-    task->where = where;
     if (n > STARPU_NMAXBUFS) {
         task->dyn_handles = malloc(n * sizeof(starpu_data_handle_t));
         task->dyn_modes = malloc(n * sizeof(enum starpu_data_access_mode));
+        if (task->dyn_handles == NULL || task->dyn_modes == NULL)
+            return 1;
     }
     for (int i = 0; i < n; i++) {
         STARPU_TASK_SET_HANDLE(task, (starpu_data_handle_t)handles[i], i);
         STARPU_TASK_SET_MODE(task, (enum starpu_data_access_mode)modes[i], i);
     }
-    return starpu_task_submit(task);
+    return 0;
+}
+
+static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where)
+{
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_cl;
+    task->cl_arg = (void *)(intptr_t)key;
+    task->where = where;
+    return tnt_set_buffers(task, n, handles, modes) ? -ENOMEM : starpu_task_submit(task);
 }
 
 int tnt_wait_all(void) { return starpu_task_wait_for_all(); }
@@ -440,13 +449,8 @@ static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_
     task->cl_arg = a;
     task->cl_arg_size = size;
     task->cl_arg_free = 1;
-    task->nbuffers = nbuf;
     task->where = where;
-    for (int i = 0; i < nbuf; i++) {
-        STARPU_TASK_SET_HANDLE(task, (starpu_data_handle_t)handles[i], i);
-        STARPU_TASK_SET_MODE(task, (enum starpu_data_access_mode)modes[i], i);
-    }
-    return starpu_task_submit(task);
+    return tnt_set_buffers(task, nbuf, handles, modes) ? -ENOMEM : starpu_task_submit(task);
 }
 
 void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute)
@@ -499,13 +503,8 @@ static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int 
     task->cl_arg = a;
     task->cl_arg_size = sizeof(*a);
     task->cl_arg_free = 1;
-    task->nbuffers = nbuf;
     task->where = where;
-    for (int i = 0; i < nbuf; i++) {
-        STARPU_TASK_SET_HANDLE(task, (starpu_data_handle_t)handles[i], i);
-        STARPU_TASK_SET_MODE(task, (enum starpu_data_access_mode)modes[i], i);
-    }
-    return starpu_task_submit(task);
+    return tnt_set_buffers(task, nbuf, handles, modes) ? -ENOMEM : starpu_task_submit(task);
 }
 
 /* A whole batch in one call (Python does not hold the GIL meanwhile). Task i has key

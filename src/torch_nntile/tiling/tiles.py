@@ -16,7 +16,7 @@ import torch
 
 from torch_nntile import stats
 from torch_nntile.graph.axes import describe, tiling_of
-from torch_nntile.kernels import KERNEL_TYPES, Kernel, KernelData
+from torch_nntile.kernels import KERNEL_TYPES, Kernel, KernelData, native
 from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
 
 Tiling = tuple[tuple[int, ...], ...]
@@ -308,6 +308,23 @@ def copy_boxes(boxes: tuple[Box, ...], dst: torch.Tensor, *srcs: torch.Tensor) -
     """Copy a box of each source tile into a box of the destination tile."""
     for (dbox, sbox), s in zip(boxes, srcs):
         dst[tuple(slice(a, b) for a, b in dbox)].copy_(s[tuple(slice(a, b) for a, b in sbox)])
+
+
+def _copy_boxes_record(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    (boxes,) = params
+    nd = len(shapes[0])
+    if nd == 0 or len(boxes) != len(shapes) - 1:
+        return None
+    ints = [native.COPY_BOXES, nd, len(boxes), *shapes[0]]
+    for (dbox, sbox), sshape in zip(boxes, shapes[1:]):
+        ints += sshape
+        ints += [lo for lo, _ in dbox]
+        ints += [lo for lo, _ in sbox]
+        ints += [hi - lo for lo, hi in dbox]
+    return ints, ()
+
+
+native.ROWS[copy_boxes] = _copy_boxes_record
 
 
 def _raise(err: BaseException, *tiles: torch.Tensor) -> None:

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 static int nbuf_of(int kind, const int32_t *p)
 {
@@ -16,9 +17,69 @@ static int nbuf_of(int kind, const int32_t *p)
     }
 }
 
+#define MAXDIM 16
+
+static int copy_boxes_check(const int32_t *p, int nints, int nbuf)
+{
+    if (nints < 2)
+        return -1;
+    int nd = p[0], ns = p[1];
+    if (nd < 1 || nd > MAXDIM || ns < 0 || ns + 1 != nbuf || nints != 2 + nd + 4 * nd * ns)
+        return -1;
+    const int32_t *dshape = p + 2;
+    for (int s = 0; s < ns; s++) {
+        const int32_t *q = p + 2 + nd + 4 * nd * s, *sshape = q, *dlo = q + nd, *slo = q + 2 * nd, *ext = q + 3 * nd;
+        for (int d = 0; d < nd; d++)
+            if (ext[d] < 0 || dlo[d] < 0 || slo[d] < 0 || (int64_t)dlo[d] + ext[d] > dshape[d]
+                || (int64_t)slo[d] + ext[d] > sshape[d])
+                return -1;
+    }
+    return 0;
+}
+
+/* Each source's box into the destination, by contiguous runs of the last dim. */
+static void copy_boxes(const int32_t *p, void *const *bufs)
+{
+    int nd = p[0], ns = p[1];
+    const int32_t *dshape = p + 2;
+    int64_t dstr[MAXDIM], sstr[MAXDIM];
+    dstr[nd - 1] = 1;
+    for (int d = nd - 2; d >= 0; d--)
+        dstr[d] = dstr[d + 1] * dshape[d + 1];
+    float *dst = bufs[0];
+    for (int s = 0; s < ns; s++) {
+        const int32_t *q = p + 2 + nd + 4 * nd * s, *sshape = q, *dlo = q + nd, *slo = q + 2 * nd, *ext = q + 3 * nd;
+        const float *src = bufs[1 + s];
+        sstr[nd - 1] = 1;
+        for (int d = nd - 2; d >= 0; d--)
+            sstr[d] = sstr[d + 1] * sshape[d + 1];
+        int64_t runs = 1;
+        for (int d = 0; d < nd - 1; d++)
+            runs *= ext[d];
+        if (runs == 0 || ext[nd - 1] == 0)
+            continue;
+        int64_t idx[MAXDIM] = { 0 };
+        for (int64_t r = 0; r < runs; r++) {
+            int64_t doff = dlo[nd - 1], soff = slo[nd - 1];
+            for (int d = 0; d < nd - 1; d++) {
+                doff += (dlo[d] + idx[d]) * dstr[d];
+                soff += (slo[d] + idx[d]) * sstr[d];
+            }
+            memcpy(dst + doff, src + soff, (size_t)ext[nd - 1] * sizeof(float));
+            for (int d = nd - 2; d >= 0; d--) {
+                if (++idx[d] < ext[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+    }
+}
+
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
 {
     static const int want[] = { 0, 4, 4, 4, 6 };
+    if (kind == TNT_ROWS_COPY_BOXES)
+        return copy_boxes_check(p, nints, nbuf);
     if (kind < TNT_ROWS_SOFTMAX || kind > TNT_ROWS_LAYER_NORM_GRAD || nints != want[kind])
         return -1;
     for (int i = 0; i < (kind <= TNT_ROWS_SOFTMAX_BACKWARD ? 3 : 2); i++)
@@ -246,6 +307,7 @@ void tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const 
     case TNT_ROWS_SOFTMAX_BACKWARD: softmax_backward(p, bufs); break;
     case TNT_ROWS_LAYER_NORM: layer_norm(p, consts, bufs); break;
     case TNT_ROWS_LAYER_NORM_GRAD: layer_norm_grad(p, bufs); break;
+    case TNT_ROWS_COPY_BOXES: copy_boxes(p, bufs); break;
     default: break;
     }
 }
