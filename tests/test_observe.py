@@ -559,16 +559,18 @@ def test_trace_records_every_task_once(tmp_path):
     assert len(tasks) == torch_nntile.info()["tasks_submitted"] == 13
     assert sorted(e["name"] for e in tasks) == sorted(["ingress", "mul", "relu"] * 4 + ["readout"])
     # ts and dur are microseconds of the same clock as the kernel and phase statistics
+    # (equal but for the rounding of seconds-since-boot doubles: 1 ns allowed)
     m = torch_nntile.metrics()["kernels"]
     for name in ("ingress", "mul", "relu", "readout"):
         dur = sum(e["dur"] for e in tasks if e["name"] == name)
-        assert dur == pytest.approx(m[name]["seconds"] * 1e6, rel=1e-6)
+        assert dur == pytest.approx(m[name]["seconds"] * 1e6, rel=1e-6, abs=1e-3)
     names = [e["name"] for e in phases]
     for p in ("record", "compile", "compile.axis_groups", "compile.lowering", "run", "readout"):
         assert p in names, p
     (low,) = [e for e in phases if e["name"] == "compile.lowering"]
     (comp,) = [e for e in phases if e["name"] == "compile"]
-    assert low["dur"] == pytest.approx(torch_nntile.info()["phases"]["compile.lowering"]["seconds"] * 1e6, rel=1e-6)
+    assert low["dur"] == pytest.approx(torch_nntile.info()["phases"]["compile.lowering"]["seconds"] * 1e6, rel=1e-6,
+                                      abs=1e-3)
     assert comp["ts"] <= low["ts"] and low["ts"] + low["dur"] <= comp["ts"] + comp["dur"] + 1e-3
     # tasks start after they are submitted and end before the readout returns
     (run,) = [e for e in phases if e["name"] == "run"]
