@@ -301,6 +301,32 @@ def _interrupt_each_wait(*args: str) -> tuple[list[tuple[str, float]], int, str]
     return lines, rc, proc.stderr.read()
 
 
+def test_ctrl_c_inside_a_tile_finalizer_is_not_lost(monkeypatch):
+    """Ctrl-C can land while a dead value's tiles are handed back (a ``__del__``, where
+    Python would report the KeyboardInterrupt and drop it): it is raised right after."""
+    from torch_nntile.runtime.context import Runtime
+
+    x = torch.randn(6, 5).to("nntile")
+    y = x * 2
+    y.cpu()
+    hit = []
+    release = Runtime.release
+
+    def interrupted(self, handles):
+        if not hit:
+            hit.append(len(handles))
+            raise KeyboardInterrupt
+        return release(self, handles)
+
+    monkeypatch.setattr(Runtime, "release", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        del y  # its tiles are released here
+        for _ in range(500):  # the interrupt is raised a moment later, not lost
+            time.sleep(0.01)
+    assert hit
+    assert_close(x.cpu() * 2, (x * 2).cpu())  # the context goes on
+
+
 def test_ctrl_c_interrupts_readout_and_wait():
     """SIGINT while a read-back or wait() blocks on a minute of matrix products:
     KeyboardInterrupt within a second (bound: 5 s), then a normal exit, soon, though

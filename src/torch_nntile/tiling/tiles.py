@@ -7,8 +7,11 @@ tile sizes, and one StarPU handle per tile (flat, C order over the grid). The
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import math
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -93,8 +96,21 @@ class TileArray:
             return
         try:
             self.rt.release(self.handles)
+        except KeyboardInterrupt:
+            # Ctrl-C landed in this finalizer, which Python would report and drop. Raised
+            # again from here it would land here again: a helper thread raises it in the
+            # main thread once this has returned.
+            left = threading.Event()
+            threading.Thread(target=_interrupt_after, args=(left,), daemon=True).start()
+            left.set()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def _interrupt_after(left: threading.Event) -> None:
+    left.wait()
+    time.sleep(0.005)  # the finalizer's last lines run meanwhile (it holds the interpreter)
+    _thread.interrupt_main()
 
 
 class Arg:
