@@ -222,3 +222,26 @@ def test_tasks_with_many_tiles(n):
     got = torch.cat([p.to("nntile") for p in parts], 0)
     assert_close(got.cpu(), torch.cat(parts, 0))
     assert_close(torch.stack([p.to("nntile") for p in parts]).sum(0).cpu(), torch.stack(parts).sum(0))
+
+
+def test_kernel_caches_keep_no_data_and_stay_bounded():
+    """What kernels.native caches are kernels with a C form: an ingress kernel (which
+    holds its CPU source) is not kept, and kernels whose scalars change every step
+    (Adam's bias corrections) do not pile up."""
+    import gc
+    import weakref
+
+    x = torch.randn(64, 32)
+    seen = weakref.ref(x)
+    xn = x.to("nntile")
+    assert_close(xn.cpu(), x)
+    del x, xn
+    gc.collect()
+    assert seen() is None
+    y = torch.randn(8, 4).to("nntile")
+    sizes = []
+    for step in range(native._CACHED + 10):
+        y = y * (1 + step * 1e-9)
+        y.cpu()  # one compile a step, as in training
+        sizes.append(len(native._RECORDS))
+    assert 0 < max(sizes) <= native._CACHED + 1 and len(native._PROGRAMS) <= native._CACHED + 1

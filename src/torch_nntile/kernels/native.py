@@ -195,19 +195,23 @@ def apply_rule(p: Program, fn: Any, args: list[Any], kw: dict[str, Any]) -> Ref:
 
 
 _MISSING = object()
+_CACHED = 2048  # entries per cache (then cleared): kernels whose scalars change every step (Adam's bias
+# corrections) come anew each step, so a cache holds only a few steps of them
 _PROGRAMS: dict[Any, tuple[tuple[int, ...], tuple[float, ...]] | None] = {}
 _RECORDS: dict[tuple[Any, tuple[tuple[int, ...], ...]], tuple[list[int], tuple[float, ...]] | None] = {}
 
 
 def program(kernel: Any, nin: int) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
     """The steps (flattened) and constants of ``kernel`` with ``nin`` input tiles, or None."""
+    tr = TRANSLATORS.get(getattr(kernel, "fn", None))
+    if tr is None:
+        return None  # not cached: such kernels may hold data (an ingress's CPU tensor)
     key = (kernel, nin)
     got = _PROGRAMS.get(key, _MISSING)
     if got is not _MISSING:
         return got  # type: ignore[return-value]
     out = None
-    tr = TRANSLATORS.get(getattr(kernel, "fn", None))
-    if tr is not None and nin < MAX_BUFFERS:
+    if nin < MAX_BUFFERS:
         p = Program()
         try:
             res = tr(p, kernel.params, [Ref(i + 1) for i in range(nin)])
@@ -216,7 +220,7 @@ def program(kernel: Any, nin: int) -> tuple[tuple[int, ...], tuple[float, ...]] 
             out = (tuple(v for s in p.steps for v in s), tuple(p.consts))
         except Unsupported:
             out = None
-    if len(_PROGRAMS) > 50_000:
+    if len(_PROGRAMS) > _CACHED:
         _PROGRAMS.clear()
     _PROGRAMS[key] = out
     return out
@@ -235,6 +239,9 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
     for s in specs:
         if s[1] is not _F32:
             return None
+    fn = getattr(kernel, "fn", None)
+    if fn not in ROWS and fn not in TRANSLATORS:
+        return None
     shapes = tuple(s[2] for s in specs)
     key = (kernel, shapes)
     got = _RECORDS.get(key, _MISSING)
@@ -243,7 +250,7 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
     rows = ROWS.get(kernel.fn)
     if rows is not None:
         out = rows(kernel.params, shapes) if all(numel(s) <= _BIG for s in shapes) else None
-        if len(_RECORDS) > 50_000:
+        if len(_RECORDS) > _CACHED:
             _RECORDS.clear()
         _RECORDS[key] = out
         return out
@@ -252,7 +259,7 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
     if prog is not None:
         views = VIEWS.get(kernel.fn)
         out = _layout(shapes, prog, views(kernel.params, shapes) if views is not None else {})
-    if len(_RECORDS) > 50_000:
+    if len(_RECORDS) > _CACHED:
         _RECORDS.clear()
     _RECORDS[key] = out
     return out
