@@ -301,21 +301,30 @@ def _interrupt_each_wait(*args: str) -> tuple[list[tuple[str, float]], int, str]
     return lines, rc, proc.stderr.read()
 
 
-def test_ctrl_c_inside_a_tile_finalizer_is_not_lost(monkeypatch):
+@pytest.mark.parametrize("how", ["signal", "raised"])
+def test_ctrl_c_inside_a_tile_finalizer_is_not_lost(monkeypatch, how):
     """Ctrl-C can land while a dead value's tiles are handed back (a ``__del__``, where
-    Python would report the KeyboardInterrupt and drop it): it is raised right after."""
+    Python would report the KeyboardInterrupt and drop it): it is raised right after.
+    ``signal``: SIGINT arrives there (our handler defers it); ``raised``: another
+    handler raised KeyboardInterrupt there."""
     from torch_nntile.runtime.context import Runtime
 
     x = torch.randn(6, 5).to("nntile")
     y = x * 2
     y.cpu()
+    from torch_nntile.tiling import tiles
+
+    if how == "signal":
+        assert signal.getsignal(signal.SIGINT) is tiles._sigint  # Python's own handler, wrapped
     hit = []
     release = Runtime.release
 
     def interrupted(self, handles):
         if not hit:
             hit.append(len(handles))
-            raise KeyboardInterrupt
+            if how == "raised":
+                raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)  # its handler runs here, inside the finalizer
         return release(self, handles)
 
     monkeypatch.setattr(Runtime, "release", interrupted)

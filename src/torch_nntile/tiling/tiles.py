@@ -10,6 +10,7 @@ from __future__ import annotations
 import _thread
 import itertools
 import math
+import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -96,21 +97,45 @@ class TileArray:
             return
         try:
             self.rt.release(self.handles)
-        except KeyboardInterrupt:
-            # Ctrl-C landed in this finalizer, which Python would report and drop. Raised
-            # again from here it would land here again: a helper thread raises it in the
-            # main thread once this has returned.
-            left = threading.Event()
-            threading.Thread(target=_interrupt_after, args=(left,), daemon=True).start()
-            left.set()
+        except KeyboardInterrupt:  # raised by a SIGINT handler other than ours (see _sigint)
+            _interrupt_later()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
+
+# A KeyboardInterrupt raised inside a finalizer is reported and dropped by Python, and a
+# finalizer can start at any line of the program. While Python's own SIGINT handler is
+# in place it is replaced by one that, when the signal lands in TileArray.__del__ (at
+# any line, its first included), raises KeyboardInterrupt in the main thread once the
+# finalizer has returned, through a helper thread; anywhere else it raises at once.
 
 def _interrupt_after(left: threading.Event) -> None:
     left.wait()
     time.sleep(0.005)  # the finalizer's last lines run meanwhile (it holds the interpreter)
     _thread.interrupt_main()
+
+
+def _interrupt_later() -> None:
+    left = threading.Event()
+    threading.Thread(target=_interrupt_after, args=(left,), daemon=True).start()
+    left.set()
+
+
+def _sigint(signum: int, frame: Any) -> None:
+    f = frame
+    for _ in range(8):  # the finalizer, or what it calls
+        if f is None:
+            break
+        if f.f_code is _FINALIZER:
+            _interrupt_later()
+            return
+        f = f.f_back
+    raise KeyboardInterrupt
+
+
+_FINALIZER = TileArray.__del__.__code__
+if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _sigint)
 
 
 class Arg:
