@@ -247,17 +247,13 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
     got = _RECORDS.get(key, _MISSING)
     if got is not _MISSING:
         return got  # type: ignore[return-value]
-    rows = ROWS.get(kernel.fn)
-    if rows is not None:
-        out = rows(kernel.params, shapes) if all(numel(s) <= _BIG for s in shapes) else None
-        if len(_RECORDS) > _CACHED:
-            _RECORDS.clear()
-        _RECORDS[key] = out
-        return out
-    prog = program(kernel, len(specs) - 1)
+    rows = ROWS.get(fn)
     out = None
-    if prog is not None:
-        views = VIEWS.get(kernel.fn)
+    if rows is not None:
+        if all(numel(s) <= _BIG for s in shapes):
+            out = rows(kernel.params, shapes)
+    elif (prog := program(kernel, len(specs) - 1)) is not None:
+        views = VIEWS.get(fn)
         out = _layout(shapes, prog, views(kernel.params, shapes) if views is not None else {})
     if len(_RECORDS) > _CACHED:
         _RECORDS.clear()
