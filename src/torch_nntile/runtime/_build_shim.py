@@ -125,6 +125,31 @@ static struct starpu_codelet tnt_fail_cl, tnt_free_cl;
 
 static struct starpu_codelet tnt_cl;
 
+/* Idle CPU workers of this StarPU build poll for tasks without ever blocking, each at
+   100% of a core, while Python records the next tasks on the same cores. A worker
+   idle for longer than TNT_SPIN_US (a gap in the work, not the wait for a task's
+   inputs, which is shorter) naps TNT_NAP_NS at a time, so recording and the busy
+   workers get the cores; it picks up new work at most about one nap late. (Once
+   nothing is submitted at all the workers are paused instead: Runtime.pause.) */
+#define TNT_SPIN_US 100.0
+#define TNT_NAP_NS 20000L
+
+static unsigned tnt_idle_hook(void *arg)
+{
+    (void)arg;
+    static __thread double since, last;  /* start of this worker's idle stretch, its last poll */
+    double now = starpu_timing_now();
+    if (now - last > 20.0)  /* the previous poll was long ago: a task ran in between */
+        since = now;
+    last = now;
+    if (now - since > TNT_SPIN_US) {
+        struct timespec ts = {0, TNT_NAP_NS};
+        nanosleep(&ts, NULL);
+        last = starpu_timing_now();
+    }
+    return 1;
+}
+
 int tnt_init(int ncpu, const char *sched)
 {
     struct starpu_conf conf;
@@ -161,6 +186,8 @@ int tnt_init(int ncpu, const char *sched)
     pthread_sigmask(SIG_BLOCK, &intr, &old);
     int rc = starpu_init(&conf);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0)
+        starpu_idle_hook_register(tnt_idle_hook, NULL);
     return rc;
 }
 
