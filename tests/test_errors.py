@@ -51,6 +51,26 @@ def test_merged_named_groups_keep_both_names():
     assert_close(y.cpu(), (a.cpu() + b.cpu()) * 2)
 
 
+def test_a_tiling_error_of_a_long_recording_is_raised_where_it_would_be():
+    """Recording that flushes early (FLUSH_OPS pending ops) and meets an invalid tiling
+    does not raise from some op in the middle: the graph stays pending, the read-back
+    raises as it would for a short program, and nothing recorded is lost."""
+    from torch_nntile.session import FLUSH_OPS
+    a = torch.randn(8, 3)
+    an, bn = a.to("nntile"), torch.ones(8, 3).to("nntile")
+    torch_nntile.set_axis_group_name(an, {0: "rows_l1"})
+    torch_nntile.set_axis_group_name(bn, {0: "rows_l2"})
+    torch_nntile.set_axis_group_tiling("rows_l1", 4)
+    torch_nntile.set_axis_group_tiling("rows_l2", 3)
+    y, want = an, a
+    for _ in range(FLUSH_OPS + 10):  # no op raises: the early flush found the error and left it
+        y, want = y + bn, want + 1
+    with pytest.raises(ValueError, match=r"'rows_l1'.*'rows_l2'.*tiled differently"):
+        y.cpu()
+    torch_nntile.set_axis_group_tiling("rows_l2", 4)
+    assert_close(y.cpu(), want)
+
+
 def test_unsupported_op_names_aten_op():
     x = torch.randn(5).to("nntile")
     with pytest.raises(RuntimeError, match=r"aten::_logcumsumexp.* not supported on the nntile device"):

@@ -343,6 +343,21 @@ def test_pending_op_names_and_data_sizes():
     del y
 
 
+def test_long_recordings_are_submitted_as_they_grow():
+    """Once FLUSH_OPS ops are pending, recording lowers and submits them and goes on
+    (the workers start on them meanwhile): a read-back then finds only the rest
+    pending, and every value is what it would have been."""
+    from torch_nntile.session import FLUSH_OPS
+    torch_nntile.execute()
+    x = torch.randn(6, 5)
+    xn = x.to("nntile")
+    want, got = x, xn
+    for i in range(FLUSH_OPS + 10):
+        want, got = want * 0.999 + 0.001 * i, got * 0.999 + 0.001 * i
+    assert 0 < len(torch_nntile.pending_op_names()) < FLUSH_OPS
+    assert_close(got.cpu(), want)
+
+
 def test_dump_graph_tensor_level(tmp_path):
     _x, xn = _tiled()
     m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task

@@ -26,6 +26,11 @@ from torch_nntile.runtime.context import Runtime
 from torch_nntile.tiling.tiles import Lowering
 
 Progress = bool | Callable[[int, int], None] | None  # run/wait/execute(progress=...)
+FLUSH_OPS = 256
+"""Pending ops at which recording lowers and submits what it has and goes on: the
+workers run the start of a long program (a forward pass) while Python records the
+rest, instead of waiting for the first read-back. Small graphs are not split, so
+they keep whole-graph pruning and fusion."""
 
 
 class Session:
@@ -38,6 +43,7 @@ class Session:
         self.config: tuple[Any, ...] | None = None
         self.progress: Callable[[int, int], None] | None = None  # set by run(progress=...), used by the next wait
         self.generation = 0  # shutdowns so far: a tensor made in an earlier generation has no value any more
+        self.flush_ops = FLUSH_OPS  # see flush_early; sys.maxsize after one failed, until an explicit compile
         self._dumps = itertools.count()
 
     def init(self, ncpu: int, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
@@ -69,6 +75,28 @@ class Session:
 
     def compile(self) -> None:
         """Lower the pending graph into tile tasks (nothing runs yet)."""
+        with self.lock:
+            self.flush_ops = FLUSH_OPS
+            self._compile()
+
+    def flush_early(self) -> None:
+        """Compile and run the pending graph in the middle of recording (``FLUSH_OPS``).
+
+        Nothing changes for the program: values are the same either way, and an error
+        the compile meets (an invalid tiling) is left where it would have been raised
+        without this, at the next compile the program asks for (the graph stays
+        pending, and recording stops flushing early until then)."""
+        with self.lock:
+            if self.rt is None or not self.rt.alive:
+                return
+            try:
+                self._compile()
+            except Exception:  # noqa: BLE001 - raised again by the next compile of the same graph
+                self.flush_ops = sys.maxsize
+                return
+            self.run()
+
+    def _compile(self) -> None:
         with self.lock:
             rt = self.runtime()
             t0 = stats.enter()

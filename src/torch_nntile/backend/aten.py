@@ -23,7 +23,7 @@ from torch_nntile.backend.device import (
     write,
 )
 from torch_nntile.backend.fallback import run_fallback
-from torch_nntile.graph.nodes import DataNode
+from torch_nntile.graph.nodes import SESSION, DataNode
 from torch_nntile.kernels import CpuScalar, Kernel
 from torch_nntile.ops.base import TILE, NotNative, call_out, map_op
 from torch_nntile.session import SESSION_STATE
@@ -47,7 +47,7 @@ def register(name: str, fn: Callable[..., Any]) -> None:
     if name.endswith(".default"):
         name = name[: -len(".default")]
     key = f"aten::{name}"
-    calls, enter, leave = stats.OP_CALLS, stats.enter, stats.leave
+    calls, enter, leave, graph, state = stats.OP_CALLS, stats.enter, stats.leave, SESSION, SESSION_STATE
     base, _, ov = name.partition(".")
     overload = getattr(getattr(aten, base), ov or "default")
 
@@ -63,6 +63,8 @@ def register(name: str, fn: Callable[..., Any]) -> None:
             raise
         calls[key] += 1
         leave("record", t0)
+        if len(graph.pending) >= state.flush_ops:
+            state.flush_early()
         return out
 
     _LIB.impl(name, recorded, "PrivateUse1")
