@@ -245,3 +245,106 @@ def test_kernel_caches_keep_no_data_and_stay_bounded():
         y.cpu()  # one compile a step, as in training
         sizes.append(len(native._RECORDS))
     assert 0 < max(sizes) <= native._CACHED + 1 and len(native._PROGRAMS) <= native._CACHED + 1
+
+
+@pytest.mark.parametrize("tiles", [None, [3, 5]])
+def test_sums_bias_gradients_and_means_in_c(tiles):
+    """Sums of float32 over consecutive dims, tiled or not, and the mean's scaling, in C."""
+    torch.manual_seed(4)
+    x = torch.randn(8, 6, 33)
+    xn = _dev(x, tiles)
+    held = [xn.sum(0), xn.sum((0, 1)), xn.mean(-1), xn.sum(1, keepdim=True)]
+    for got, want in zip(held, [x.sum(0), x.sum((0, 1)), x.mean(-1), x.sum(1, keepdim=True)]):
+        assert_close(got.cpu(), want)
+    held = [xn.sum(0)]
+    tasks = [(k, specs) for k, specs, name in _lowered() if name == "sum"]
+    assert tasks and all(native.record(k, specs) is not None for k, specs in tasks)
+    assert_close(held[0].cpu(), x.sum(0))
+    h = xn.sum((0, 2))  # not consecutive: stays Python, same values
+    assert_close(h.cpu(), x.sum((0, 2)))
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("tiles", [None, [2, 6]])
+def test_embedding_lookup_and_gradient_in_c(index_dtype, tiles):
+    torch.manual_seed(5)
+    w = torch.randn(20, 7)
+    idx = torch.randint(0, 20, (8, 3), dtype=index_dtype)
+    idx[0, 0] = 4  # the padding row appears
+    wc = w.clone().requires_grad_()
+    wn = w.to("nntile").requires_grad_()
+    want = F.embedding(idx, wc, padding_idx=4)
+    got = F.embedding(_dev(idx, tiles), wn, padding_idx=4)
+    assert_close(got.cpu(), want.detach())
+    g = torch.randn_like(want)
+    want.backward(g)
+    got.backward(_dev(g, tiles))
+    assert_close(wn.grad.cpu(), wc.grad)
+    got = F.embedding(_dev(idx, tiles), wn.detach())
+    assert_close(got.cpu(), F.embedding(idx, w))
+    sel = torch.index_select(wn.detach(), 0, _dev(idx[:, 0].contiguous()))
+    tasks = [(k, specs) for k, specs, name in _lowered() if name == "index_select"]
+    assert tasks and all(native.record(k, specs) is not None for k, specs in tasks)
+    assert_close(sel.cpu(), torch.index_select(w, 0, idx[:, 0].contiguous()))
+
+
+def test_lookup_out_of_range_raises_the_cpu_error_from_c():
+    w = torch.randn(5, 3).to("nntile")
+    for bad in (5, -1):
+        with pytest.raises(IndexError, match="index out of range in self"):
+            torch.index_select(w, 0, torch.tensor([0, bad]).to("nntile")).cpu()
+    assert_close(torch.index_select(w, 0, torch.tensor([4, 0]).to("nntile")).cpu(), w.cpu()[[4, 0]])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("tiles", [None, [4, 7]])
+def test_cross_entropy_in_c(reduction, tiles):
+    """The loss, its total weight and its gradient of float32 logits and int64 targets
+    (ignore_index included) run in C, with the classes whole or tiled."""
+    torch.manual_seed(6)
+    x = torch.randn(8, 11)
+    t = torch.randint(0, 11, (8,))
+    t[2] = -100
+    xc = x.clone().requires_grad_()
+    xn = x.to("nntile")
+    name = f"ce_{reduction}_{tiles}"
+    torch_nntile.set_axis_group_name(xn, {1: name})
+    if tiles is not None:
+        torch_nntile.set_axis_group_tiling(name, tiles)
+    xn.requires_grad_()
+    want = F.cross_entropy(xc, t, reduction=reduction)
+    got = F.cross_entropy(xn, t.to("nntile"), reduction=reduction)
+    assert_close(got.cpu(), want.detach())
+    g = torch.rand_like(want)
+    want.backward(g)
+    got.backward(g.to("nntile"))
+    assert_close(xn.grad.cpu(), xc.grad)
+    held = F.nll_loss(xn.detach(), t.to("nntile"), reduction=reduction)  # noqa: F841
+    tasks = [(k, specs) for k, specs, n in _lowered() if n == "nll_loss_forward" and k.fn.__name__.startswith("nll")]
+    assert tasks and all(native.record(k, specs) is not None for k, specs in tasks)
+
+
+def test_target_out_of_bounds_raises_the_cpu_error_from_c():
+    x = torch.randn(4, 6).to("nntile")
+    with pytest.raises(IndexError, match="Target 6 is out of bounds"):
+        F.cross_entropy(x, torch.tensor([0, 6, 1, 2]).to("nntile")).item()
+    with pytest.raises(IndexError, match="Target -3 is out of bounds"):
+        F.nll_loss(x, torch.tensor([0, -3, 1, 2]).to("nntile"), reduction="sum").item()
+    assert abs(F.cross_entropy(x, torch.tensor([0, 5, 1, 2]).to("nntile")).item()
+               - F.cross_entropy(x.cpu(), torch.tensor([0, 5, 1, 2])).item()) < 1e-5
+
+
+@pytest.mark.parametrize("args,dtype", [((3, 70, 2), torch.int64), ((-5, 40), torch.int64), ((0, 60), torch.float32),
+                                        ((0.5, 7.5, 0.25), torch.float32)])
+@pytest.mark.parametrize("tiles", [None, [7, 100]])
+def test_arange_in_c(args, dtype, tiles):
+    want = torch.arange(*args, dtype=dtype)
+    if tiles is not None:
+        tiles = [tiles[0], want.numel() - tiles[0]]
+    got = torch.arange(*args, dtype=dtype, device="nntile")
+    if tiles is not None:
+        torch_nntile.set_axis_group_name(got, {0: f"ar_{id(got)}"})
+        torch_nntile.set_axis_group_tiling(f"ar_{id(got)}", tiles)
+    tasks = [(k, specs) for k, specs, n in _lowered() if n == "arange"]
+    assert tasks and all(native.record(k, specs) is not None for k, specs in tasks)
+    assert torch.equal(got.cpu(), want)

@@ -24,6 +24,7 @@ from torch_nntile.backend.device import (
 )
 from torch_nntile.graph.axes import new_group
 from torch_nntile.graph.nodes import DataNode
+from torch_nntile.kernels import native
 from torch_nntile.ops import index as ix
 from torch_nntile.ops import reduce, views
 from torch_nntile.ops.base import whole_op, wrap_dim
@@ -158,6 +159,20 @@ def _check_index(index: torch.Tensor, op: str) -> None:
         raise IndexError(f"{op}(): Index is supposed to be a vector")
     if index.dtype not in (torch.int32, torch.int64):
         raise RuntimeError(f"{op}(): Expected dtype int32 or int64 for index")
+
+
+def _index_select_rows(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, ...], ...],
+                       dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple[float, ...]] | None:
+    """Rows of a float32 tile picked along dim 0 run in C (an embedding's lookup)."""
+    _, d, _ = args
+    o, w, i = shapes
+    if d != 0 or kw or dtypes[:2] != (torch.float32, torch.float32) or dtypes[2] not in native.INDEX_DTYPES \
+            or len(w) < 1 or len(i) > 1:
+        return None
+    return [native.GATHER, native.numel(i), native.numel(w[1:]), w[0], int(dtypes[2] is torch.int64)], ()
+
+
+native.CALLS[torch.index_select] = _index_select_rows
 
 
 @defop("index_select.default", inplace=False)

@@ -84,6 +84,16 @@ ROWS: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...]
 """``Kernel.fn`` -> its record (a ``csrc/rows.h`` kind and parameters, constants) for
 its params and tile shapes, or None: row-wise kernels (softmax, layer norm)."""
 
+TYPED: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...], ...], tuple[torch.dtype, ...]],
+                                         tuple[list[int], tuple[float, ...]] | None]] = {}
+"""Like ``ROWS``, for kernels that also read or write tiles of other dtypes (indices,
+targets): the function is given the tiles' dtypes and checks them."""
+
+CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any], tuple[tuple[int, ...], ...], tuple[torch.dtype, ...]],
+                          tuple[list[int], tuple[float, ...]] | None]] = {}
+"""ATen-level function of an elementwise-style kernel (``call_out``) -> its typed row
+record for its arguments (tiles as ``Ref``s), keywords, tile shapes and dtypes."""
+
 TRANSLATORS: dict[Callable[..., None], Callable[[Program, tuple[Any, ...], list[Ref]], Ref]] = {}
 """``Kernel.fn`` -> translator: emits the kernel's steps for its params and its input
 tiles (``Ref``s of buffers 1, 2, ...), returns the result's operand."""
@@ -236,25 +246,27 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
     task must run as Python."""
     if len(specs) > MAX_BUFFERS:
         return None
-    for s in specs:
-        if s[1] is not _F32:
-            return None
     fn = getattr(kernel, "fn", None)
-    if fn not in ROWS and fn not in TRANSLATORS:
+    typed, rows = TYPED.get(fn), ROWS.get(fn)
+    if typed is None and rows is None and fn not in TRANSLATORS:
         return None
     shapes = tuple(s[2] for s in specs)
-    key = (kernel, shapes)
+    dtypes = tuple(s[1] for s in specs)
+    key = (kernel, shapes, dtypes)
     got = _RECORDS.get(key, _MISSING)
     if got is not _MISSING:
         return got  # type: ignore[return-value]
-    rows = ROWS.get(fn)
     out = None
-    if rows is not None:
-        if all(numel(s) <= _BIG for s in shapes):
-            out = rows(kernel.params, shapes)
-    elif (prog := program(kernel, len(specs) - 1)) is not None:
-        views = VIEWS.get(fn)
-        out = _layout(shapes, prog, views(kernel.params, shapes) if views is not None else {})
+    small = all(numel(s) <= _BIG for s in shapes)
+    if typed is not None and small:
+        out = typed(kernel.params, shapes, dtypes)
+    if out is None and all(d is _F32 for d in dtypes):
+        if rows is not None:
+            if small:
+                out = rows(kernel.params, shapes)
+        elif (prog := program(kernel, len(specs) - 1)) is not None:
+            views = VIEWS.get(fn)
+            out = _layout(shapes, prog, views(kernel.params, shapes) if views is not None else {})
     if len(_RECORDS) > _CACHED:
         _RECORDS.clear()
     _RECORDS[key] = out
@@ -317,7 +329,22 @@ def numel(shape: tuple[int, ...]) -> int:
 
 
 # csrc/rows.h kinds
-SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD, COPY_BOXES = 1, 2, 3, 4, 5
+(SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD, COPY_BOXES, SUM, GATHER, EMBEDDING_GRAD, NLL, NLL_WEIGHT,
+ NLL_GRAD, ARANGE) = range(1, 13)
+INDEX_DTYPES = (torch.int64, torch.int32)  # index tiles the C kernels read (1: int64, 0: int32)
+# what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU
+BAD_INDEX, BAD_TARGET = 1, 2
+
+
+def input_error(code: int, value: int) -> BaseException:
+    """The exception PyTorch's CPU kernel raises where a C kernel reported ``code``."""
+    if code == BAD_TARGET:
+        return IndexError(f"Target {value} is out of bounds.")
+    return IndexError("index out of range in self")
+
+
+def fits_int32(*vs: int) -> bool:
+    return all(-2**31 <= v < 2**31 for v in vs)
 
 
 def rows_around(shape: tuple[int, ...], dim: int) -> tuple[int, int, int]:

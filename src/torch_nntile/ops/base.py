@@ -150,6 +150,19 @@ def _call_out_program(p: native.Program, params: tuple[Any, ...], refs: list[nat
 native.TRANSLATORS[call_out] = _call_out_program
 
 
+def _call_out_typed(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                    dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple[float, ...]] | None:
+    fn, kw, args = params
+    rec = native.CALLS.get(fn)
+    if rec is None:
+        return None
+    refs = iter(range(1, len(shapes)))
+    return rec(tuple(native.Ref(next(refs)) if a is TILE else a for a in args), dict(kw), shapes, dtypes)
+
+
+native.TYPED[call_out] = _call_out_typed
+
+
 def map_op(name: str, fn: Kernel, inputs: list[DataNode], dtype: torch.dtype) -> DataNode:
     """Record an elementwise op: kernel ``fn(out_tile, *input_tiles)`` writes out_tile."""
     shape, axes = broadcast_axes(inputs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from torch_nntile import stats
@@ -63,6 +65,21 @@ def arange_tile(start: float | int, step: float | int, lo: int, exact: bool, o: 
     """Items ``lo`` on of ``start + i * step``; as on CPU, computed in double for floats."""
     idx = torch.arange(lo, lo + o.shape[0], dtype=torch.int64 if exact else torch.float64)
     o.copy_(idx * step + start)
+
+
+def _arange_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                 dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    """int64 and float32 ranges run in C, where start and step are exact as doubles."""
+    start, step, lo, exact = params
+    dt = dtypes[0]
+    if exact and (dt is not torch.int64 or not all(type(v) is int and abs(v) < 2**53 for v in (start, step))):
+        return None
+    if not exact and (dt is not torch.float32 or not all(type(v) in (int, float) for v in (start, step))):
+        return None
+    return [native.ARANGE, native.numel(shapes[0]), int(exact), lo], (float(start), float(step))
+
+
+native.TYPED[arange_tile] = _arange_rows
 
 
 def _lower_arange(ctx: Lowering, node: OpNode) -> None:

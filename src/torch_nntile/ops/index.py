@@ -9,13 +9,14 @@ the input's, while the dims it indexes (or scans) are whole in a tile.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, kernel_name, record, reduce_into, split_chains
 from torch_nntile.ops.data import fill_tile
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
@@ -301,6 +302,24 @@ def embedding_backward_tile(num_weights: int, padding_idx: int, scale: bool, o: 
 def embedding_backward_tile_into(num_weights: int, padding_idx: int, scale: bool, o: torch.Tensor, g: torch.Tensor,
                                  i: torch.Tensor) -> None:
     o.add_(torch.ops.aten.embedding_dense_backward(g, i, num_weights, padding_idx, scale))
+
+
+def _embedding_grad_rows(accumulate: bool) -> Callable[..., tuple[list[int], tuple] | None]:
+    """Float32 gradients of an embedding not scaled by frequencies run in C."""
+    def rec(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+            dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+        num_weights, padding_idx, scale = params
+        o, g, _ = shapes
+        if scale or dtypes[:2] != (torch.float32, torch.float32) or dtypes[2] not in native.INDEX_DTYPES \
+                or len(o) != 2 or not g or o[1] != g[-1] or not native.fits_int32(padding_idx):
+            return None
+        return [native.EMBEDDING_GRAD, native.numel(g[:-1]), g[-1], o[0], padding_idx,
+                int(dtypes[2] is torch.int64), int(accumulate)], ()
+    return rec
+
+
+native.TYPED[embedding_backward_tile] = _embedding_grad_rows(False)
+native.TYPED[embedding_backward_tile_into] = _embedding_grad_rows(True)
 
 
 def _lower_embedding_backward(ctx: Lowering, node: OpNode) -> None:

@@ -10,11 +10,14 @@ one row tile need not wait for the forward of the others).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from torch_nntile.graph.axes import union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import NotNative, Op, map_op, record
 from torch_nntile.ops.data import fill_tile
 from torch_nntile.ops.reduce import sum_op
@@ -67,6 +70,36 @@ def sum_stack(acc: torch.Tensor, *parts: torch.Tensor) -> None:
 
 def divide_by(lo: torch.Tensor, two: torch.Tensor) -> None:
     lo.div_(two)
+
+
+# In C (csrc/rows.c) where the input is float32 [rows, classes], the targets int64 and
+# there are no class weights: the loss of a language model's logits.
+_F32, _I64 = torch.float32, torch.int64
+
+
+def _nll_rows(per_row: bool) -> Callable[..., tuple[list[int], tuple] | None]:
+    def rec(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+            dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+        ignore_index, lo, classes = params
+        if dtypes != (_F32, _F32, _I64) or len(shapes[1]) != 2 or not native.fits_int32(ignore_index):
+            return None
+        k, c = shapes[1]
+        return [native.NLL, k, c, lo, classes or 0, ignore_index, int(per_row)], ()
+    return rec
+
+
+def _nll_weight_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                     dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    (ignore_index,) = params
+    if dtypes != (_F32, _I64) or not native.fits_int32(ignore_index):
+        return None
+    return [native.NLL_WEIGHT, native.numel(shapes[1]), ignore_index], ()
+
+
+native.TYPED[nll_rows_tile] = _nll_rows(True)
+native.TYPED[nll_sum_tile] = _nll_rows(False)
+native.TYPED[nll_weight_tile] = _nll_weight_rows
+native.TRANSLATORS[divide_by] = lambda p, params, refs: p.emit(native.DIV, native.Ref(0), refs[0])
 
 
 def _row_index(ti: tuple[int, ...], j: int) -> tuple[int, ...]:
@@ -140,6 +173,18 @@ def nll_backward_tile(reduction: int, ignore_index: int, lo: int, o: torch.Tenso
     v = torch.where(inside, v, 0).to(o.dtype)
     o.zero_()
     o.scatter_(1, torch.where(inside, t - lo, 0).unsqueeze(1), v.unsqueeze(1))
+
+
+def _nll_backward_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                       dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    reduction, ignore_index, lo = params
+    if dtypes != (_F32, _F32, _I64, _F32) or len(shapes[0]) != 2 or not native.fits_int32(ignore_index):
+        return None
+    k, c = shapes[0]
+    return [native.NLL_GRAD, k, c, lo, ignore_index, int(reduction == MEAN), int(reduction == NONE)], ()
+
+
+native.TYPED[nll_backward_tile] = _nll_backward_rows
 
 
 def _lower_nll_backward(ctx: Lowering, node: OpNode) -> None:

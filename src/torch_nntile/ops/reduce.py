@@ -19,7 +19,7 @@ import torch
 
 from torch_nntile.graph.axes import new_group
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record, reduce_into, split_chains, wrap_dims
 from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
 
@@ -36,6 +36,28 @@ def sum_tile_into(dims: tuple[int, ...], keepdim: bool, dtype: torch.dtype, o: t
 
 def scale_tile(scale: float, o: torch.Tensor) -> None:
     o.mul_(scale)
+
+
+def _sum_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    """Sums of float32 over consecutive dims run in C (a bias gradient: the rows of a tile)."""
+    dims, _, dtype = params
+    x = shapes[1]
+    if dtype is not torch.float32 or not dims or list(dims) != list(range(dims[0], dims[-1] + 1)):
+        return None
+    outer, inner = native.numel(x[:dims[0]]), native.numel(x[dims[-1] + 1:])
+    return [native.SUM, outer, native.numel(x[dims[0]:dims[-1] + 1]), inner, 0], ()
+
+
+def _sum_into_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    rec = _sum_rows(params, shapes)
+    if rec is not None:
+        rec[0][4] = 1
+    return rec
+
+
+native.ROWS[sum_tile] = _sum_rows
+native.ROWS[sum_tile_into] = _sum_into_rows
+native.TRANSLATORS[scale_tile] = lambda p, params, refs: p.emit(native.MUL, native.Ref(0), params[0])
 
 
 def _lower_sum(ctx: Lowering, node: OpNode) -> None:

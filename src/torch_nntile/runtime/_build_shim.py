@@ -21,6 +21,7 @@ from cffi import FFI
 CDEF = """
 typedef void *tnt_handle;
 extern "Python" int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
+extern "Python" int64_t _tnt_input_error(int name, int code, int64_t value);
 int tnt_init(int ncpu, const char *sched);
 void tnt_shutdown(void);
 int tnt_ncpu(void);
@@ -61,6 +62,7 @@ SOURCE = r"""
 
 typedef void *tnt_handle;
 static int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
+static int64_t _tnt_input_error(int name, int code, int64_t value);
 
 /* The state of a tile's current value, in its handle's user_data (an intptr_t):
    0: computed; 2 * id: not computed, because of failure ``id`` (the next task that
@@ -442,13 +444,20 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
     for (int i = 0; i < nbuf; i++)
         ptrs[i] = (void *)STARPU_VECTOR_GET_PTR(buffers[i]);
     double t0 = tnt_now();
+    int rc = TNT_ROWS_OK;
+    int64_t bad = 0;
     if (!tnt_skip_kernels) {
         const int32_t *prog = (const int32_t *)(a + 1);
         const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
         if (prog[0] == 0)
             tnt_ew_run(prog + 1, consts, ptrs);
         else
-            tnt_rows_run(prog[0], prog + 1, consts, ptrs);
+            rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, &bad);
+    }
+    if (rc != TNT_ROWS_OK) {  /* a bad index or target: the task fails as the CPU kernel would */
+        tnt_task_wrote(task, nbuf, _tnt_input_error(a->name, rc, bad));
+        __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+        return;
     }
     tnt_native_done(task, nbuf, a->key, starpu_worker_get_id(), a->name, a->trace, t0);
 }

@@ -34,6 +34,7 @@ import torch
 
 from torch_nntile import stats
 from torch_nntile.kernels import Gemm, Kernel, PackB
+from torch_nntile.kernels.native import input_error as native_input_error
 from torch_nntile.kernels.native import record as ew_record
 
 R, W, RW = 1, 2, 3  # STARPU_R, STARPU_W, STARPU_RW
@@ -640,6 +641,14 @@ def _bind_callback(ffi: Any) -> None:
     def _internal_error(exc_type: type, exc: BaseException, tb: Any) -> int:
         """The callback itself failed (not the kernel): what the task writes fails too."""
         return _new_failure(Failure("(runtime callback)", exc))
+
+    @ffi.def_extern(onerror=_internal_error)
+    def _tnt_input_error(nid: int, code: int, value: int) -> int:
+        """A C kernel found a bad value in its inputs (rare: the GIL is taken only then)."""
+        rt = _CURRENT
+        names = rt._gemm_names if rt is not None else {}
+        name = next((n for n, i in names.items() if i == nid), "(C kernel)")
+        return _new_failure(Failure(name, native_input_error(code, value)))
 
     @ffi.def_extern(onerror=_internal_error)
     def _tnt_kernel(key: int, ptrs: Any, n: int, worker: int, failed: int) -> int:  # noqa: ANN001

@@ -13,6 +13,13 @@ static int nbuf_of(int kind, const int32_t *p)
     case TNT_ROWS_SOFTMAX_BACKWARD: return 3;
     case TNT_ROWS_LAYER_NORM: return 4 + (p[2] != 0) + (p[3] != 0);
     case TNT_ROWS_LAYER_NORM_GRAD: return 5 + (p[3] != 0) + (p[4] != 0);
+    case TNT_ROWS_SUM: return 2;
+    case TNT_ROWS_GATHER: return 3;
+    case TNT_ROWS_EMBEDDING_GRAD: return 3;
+    case TNT_ROWS_NLL: return 3;
+    case TNT_ROWS_NLL_WEIGHT: return 2;
+    case TNT_ROWS_NLL_GRAD: return 4;
+    case TNT_ROWS_ARANGE: return 1;
     default: return -1;
     }
 }
@@ -77,16 +84,19 @@ static void copy_boxes(const int32_t *p, void *const *bufs)
 
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
 {
-    static const int want[] = { 0, 4, 4, 4, 6 };
+    /* parameters per kind, and how many of the first ones are sizes (never negative) */
+    static const int want[TNT_ROWS_NKINDS] = { 0, 4, 4, 4, 6, -1, 4, 4, 6, 6, 2, 6, 3 };
+    static const int sizes[TNT_ROWS_NKINDS] = { 0, 3, 3, 2, 2, 0, 3, 3, 3, 4, 1, 3, 3 };
     if (kind == TNT_ROWS_COPY_BOXES)
         return copy_boxes_check(p, nints, nbuf);
-    if (kind < TNT_ROWS_SOFTMAX || kind > TNT_ROWS_LAYER_NORM_GRAD || nints != want[kind])
+    if (kind < TNT_ROWS_SOFTMAX || kind >= TNT_ROWS_NKINDS || nints != want[kind])
         return -1;
-    for (int i = 0; i < (kind <= TNT_ROWS_SOFTMAX_BACKWARD ? 3 : 2); i++)
+    for (int i = 0; i < sizes[kind]; i++)
         if (p[i] < 0)
             return -1;
-    if (kind == TNT_ROWS_LAYER_NORM && nconst != 1)
+    if ((kind == TNT_ROWS_LAYER_NORM || kind == TNT_ROWS_ARANGE) != (nconst == (kind == TNT_ROWS_ARANGE ? 2 : 1)))
         return -1;
+
     if (kind == TNT_ROWS_LAYER_NORM_GRAD && (p[2] < 0 || p[2] > 2))
         return -1;
     return nbuf_of(kind, p) == nbuf ? 0 : -1;
@@ -300,7 +310,161 @@ static void layer_norm_grad(const int32_t *p, void *const *bufs)
     }
 }
 
-void tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *bufs)
+/* Sums over the middle extent, in double: rows of n (inner 1) or columns of blocks. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void sum_middle(const int32_t *p, void *const *bufs)
+{
+    int64_t outer = p[0], n = p[1], inner = p[2];
+    int accumulate = p[3];
+    float *o = bufs[0];
+    const float *x = bufs[1];
+    if (inner == 1) {
+        for (int64_t a = 0; a < outer; a++) {
+            float v = (float)sum8(x + a * n, n);
+            o[a] = accumulate ? o[a] + v : v;
+        }
+        return;
+    }
+    enum { COLS = 512 };
+    double acc[COLS];
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t c0 = 0; c0 < inner; c0 += COLS) {
+            int64_t nc = inner - c0 < COLS ? inner - c0 : COLS;
+            for (int64_t c = 0; c < nc; c++)
+                acc[c] = 0;
+            for (int64_t j = 0; j < n; j++) {
+                const float *xr = x + (a * n + j) * inner + c0;
+                for (int64_t c = 0; c < nc; c++)
+                    acc[c] += xr[c];
+            }
+            float *orow = o + a * inner + c0;
+            for (int64_t c = 0; c < nc; c++)
+                orow[c] = accumulate ? orow[c] + (float)acc[c] : (float)acc[c];
+        }
+}
+
+static inline int64_t index_at(const void *index, int index64, int64_t i)
+{
+    return index64 ? ((const int64_t *)index)[i] : ((const int32_t *)index)[i];
+}
+
+/* o[i] = w[index[i]]: rows of an embedding, index_select along dim 0 */
+static int gather_rows(const int32_t *p, void *const *bufs, int64_t *bad)
+{
+    int64_t k = p[0], d = p[1], nw = p[2];
+    int index64 = p[3];
+    float *o = bufs[0];
+    const float *w = bufs[1];
+    for (int64_t i = 0; i < k; i++) {
+        int64_t r = index_at(bufs[2], index64, i);
+        if (r < 0 || r >= nw) {
+            *bad = r;
+            return TNT_ROWS_BAD_INDEX;
+        }
+        memcpy(o + i * d, w + r * d, (size_t)d * sizeof(float));
+    }
+    return TNT_ROWS_OK;
+}
+
+/* o[index[i]] += g[i] but for rows of padding_idx (zeros first unless accumulating).
+   Indices out of range cannot come here: the forward lookup raised on them. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void embedding_grad(const int32_t *p, void *const *bufs)
+{
+    int64_t k = p[0], d = p[1], nw = p[2], padding = p[3];
+    int index64 = p[4], accumulate = p[5];
+    float *o = bufs[0];
+    const float *g = bufs[1];
+    if (!accumulate)
+        memset(o, 0, (size_t)(nw * d) * sizeof(float));
+    for (int64_t i = 0; i < k; i++) {
+        int64_t r = index_at(bufs[2], index64, i);
+        if (r == padding || r < 0 || r >= nw)
+            continue;
+        float *orow = o + r * d;
+        const float *gr = g + i * d;
+        for (int64_t j = 0; j < d; j++)
+            orow[j] += gr[j];
+    }
+}
+
+/* -x[i, t_i - lo] for the targets that fall in this tile of classes [lo, lo + c), 0
+   for the others and for ignore_index; per row, or their sum. With classes, a
+   target outside [0, classes) other than ignore_index fails the task. */
+static int nll(const int32_t *p, void *const *bufs, int64_t *bad)
+{
+    int64_t k = p[0], c = p[1], lo = p[2], classes = p[3], ignore = p[4];
+    int per_row = p[5];
+    float *o = bufs[0];
+    const float *x = bufs[1];
+    const int64_t *t = bufs[2];
+    if (classes)
+        for (int64_t i = 0; i < k; i++)
+            if ((t[i] < 0 || t[i] >= classes) && t[i] != ignore) {
+                *bad = t[i];
+                return TNT_ROWS_BAD_TARGET;
+            }
+    double s = 0;
+    for (int64_t i = 0; i < k; i++) {
+        int64_t j = t[i] - lo;
+        float v = t[i] != ignore && j >= 0 && j < c ? -x[i * c + j] : 0.0f;
+        if (per_row)
+            o[i] = v;
+        else
+            s += v;
+    }
+    if (!per_row)
+        o[0] = (float)s;
+    return TNT_ROWS_OK;
+}
+
+/* how many targets are not ignore_index (the total weight without class weights) */
+static void nll_weight(const int32_t *p, void *const *bufs)
+{
+    int64_t k = p[0], ignore = p[1], n = 0;
+    const int64_t *t = bufs[1];
+    for (int64_t i = 0; i < k; i++)
+        n += t[i] != ignore;
+    *(float *)bufs[0] = (float)n;
+}
+
+/* zeros but -g (g / total weight for the mean) at each row's target in this tile */
+static void nll_grad(const int32_t *p, void *const *bufs)
+{
+    int64_t k = p[0], c = p[1], lo = p[2], ignore = p[3];
+    int mean = p[4], per_row = p[5];
+    float *o = bufs[0];
+    const float *g = bufs[1];
+    const int64_t *t = bufs[2];
+    float tw = *(const float *)bufs[3];
+    memset(o, 0, (size_t)(k * c) * sizeof(float));
+    for (int64_t i = 0; i < k; i++) {
+        int64_t j = t[i] - lo;
+        if (t[i] == ignore || j < 0 || j >= c)
+            continue;
+        float gi = per_row ? g[i] : g[0];
+        o[i * c + j] = -(mean ? gi / tw : gi);
+    }
+}
+
+/* items lo on of start + i * step: in int64 for an int64 output, else in double
+   rounded to float (as on CPU) */
+static void arange(const int32_t *p, const double *consts, void *const *bufs)
+{
+    int64_t n = p[0], lo = p[2];
+    if (p[1]) {
+        int64_t start = (int64_t)consts[0], step = (int64_t)consts[1];
+        int64_t *o = bufs[0];
+        for (int64_t i = 0; i < n; i++)
+            o[i] = (lo + i) * step + start;
+    } else {
+        float *o = bufs[0];
+        for (int64_t i = 0; i < n; i++)
+            o[i] = (float)((double)(lo + i) * consts[1] + consts[0]);
+    }
+}
+
+int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *bufs, int64_t *bad)
 {
     switch (kind) {
     case TNT_ROWS_SOFTMAX: softmax(p, bufs); break;
@@ -308,6 +472,14 @@ void tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const 
     case TNT_ROWS_LAYER_NORM: layer_norm(p, consts, bufs); break;
     case TNT_ROWS_LAYER_NORM_GRAD: layer_norm_grad(p, bufs); break;
     case TNT_ROWS_COPY_BOXES: copy_boxes(p, bufs); break;
+    case TNT_ROWS_SUM: sum_middle(p, bufs); break;
+    case TNT_ROWS_GATHER: return gather_rows(p, bufs, bad);
+    case TNT_ROWS_EMBEDDING_GRAD: embedding_grad(p, bufs); break;
+    case TNT_ROWS_NLL: return nll(p, bufs, bad);
+    case TNT_ROWS_NLL_WEIGHT: nll_weight(p, bufs); break;
+    case TNT_ROWS_NLL_GRAD: nll_grad(p, bufs); break;
+    case TNT_ROWS_ARANGE: arange(p, consts, bufs); break;
     default: break;
     }
+    return TNT_ROWS_OK;
 }

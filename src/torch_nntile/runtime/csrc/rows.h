@@ -12,6 +12,19 @@
      TNT_ROWS_COPY_BOXES       ndim, nsrc, dshape[ndim], then per source:
                                sshape[ndim], dlo[ndim], slo[ndim], extent[ndim]
                                buffers: dst, src...  (each source's box into the destination)
+     TNT_ROWS_SUM              outer, n, inner, accumulate   buffers: o, x  (o[outer, inner])
+     TNT_ROWS_GATHER           k, d, nw, index64             buffers: o[k, d], w[nw, d], index[k]
+     TNT_ROWS_EMBEDDING_GRAD   k, d, nw, padding_idx, index64, accumulate
+                               buffers: o[nw, d], g[k, d], index[k]  (rows add into o)
+     TNT_ROWS_NLL              k, c, lo, classes (0: no check), ignore_index, per_row
+                               buffers: o ([k] or a scalar: the sum), x[k, c], target[k] (int64)
+     TNT_ROWS_NLL_WEIGHT       k, ignore_index               buffers: o (scalar), target[k] (int64)
+     TNT_ROWS_NLL_GRAD         k, c, lo, ignore_index, mean, per_row
+                               buffers: o[k, c], g ([k] or scalar), target[k] (int64), total weight
+     TNT_ROWS_ARANGE           n, int64 output, lo           buffers: o; start, step (items lo on)
+
+   Tiles are float32 but for index and target tiles (int64, or int32 where index64 is
+   0) and the int64 output of TNT_ROWS_ARANGE.
 
    Kinds and layouts are mirrored in kernels/native.py. */
 #ifndef TNT_ROWS_H
@@ -20,11 +33,18 @@
 #include <stdint.h>
 
 enum { TNT_ROWS_SOFTMAX = 1, TNT_ROWS_SOFTMAX_BACKWARD, TNT_ROWS_LAYER_NORM, TNT_ROWS_LAYER_NORM_GRAD,
-       TNT_ROWS_COPY_BOXES };
+       TNT_ROWS_COPY_BOXES, TNT_ROWS_SUM, TNT_ROWS_GATHER, TNT_ROWS_EMBEDDING_GRAD, TNT_ROWS_NLL,
+       TNT_ROWS_NLL_WEIGHT, TNT_ROWS_NLL_GRAD, TNT_ROWS_ARANGE, TNT_ROWS_NKINDS };
+
+/* What a kernel found wrong in its input values (the task fails with the matching
+   Python exception, named in runtime/context.py): an index out of range, a target
+   out of bounds. *bad is the offending value. */
+enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET };
 
 /* 0 when ``p`` (``nints`` values after the kind) fits kind ``kind`` with ``nbuf`` buffers. */
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf);
 
-void tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *bufs);
+/* TNT_ROWS_OK, or what was wrong (then *bad says which value). */
+int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *bufs, int64_t *bad);
 
 #endif
