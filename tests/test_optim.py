@@ -143,6 +143,180 @@ def test_foreach_length_mismatch_raises():
         torch._foreach_add_(ns, na[:2])
 
 
+# The per-element contract of a foreach call: each element's result, dtype and error as
+# the element op on CPU gives them (the fast path runs the element ops' functional forms).
+
+def _mixed() -> list[torch.Tensor]:
+    """Elements whose dtypes, ranks and sizes differ: float32, float64, 0-dim, zero-size, broadcastable."""
+    g = torch.Generator().manual_seed(11)
+    return [torch.rand(4, 3, generator=g) + 0.5, (torch.rand(5, generator=g) + 0.5).double(), torch.tensor(1.5),
+            torch.rand(0, 3, generator=g), torch.rand(1, 3, generator=g) + 0.5]
+
+
+FOREACH_MIXED = {
+    "mul_Scalar": lambda s, o: torch._foreach_mul(s, 0.5),
+    "mul__Scalar": lambda s, o: torch._foreach_mul_(s, 0.5),
+    "mul__ScalarList": lambda s, o: torch._foreach_mul_(s, [0.5, 2, -1.0, 3.0, True]),
+    "mul_Tensor_cpu0d": lambda s, o: torch._foreach_mul(s, torch.tensor(2.0, dtype=torch.float64)),
+    "mul__Tensor_nntile0d": lambda s, o: torch._foreach_mul_(s, torch.tensor(2.0).to(s[0].device)),
+    "add_List": lambda s, o: torch._foreach_add(s, o),
+    "add__List_alpha": lambda s, o: torch._foreach_add_(s, o, alpha=2),
+    "add__Scalar": lambda s, o: torch._foreach_add_(s, 1),
+    "add_Tensor_alpha": lambda s, o: torch._foreach_add(s, torch.tensor(2.0), alpha=0.5),
+    "sub__ScalarList": lambda s, o: torch._foreach_sub_(s, [1, 2.5, 3, 4, 5]),
+    "div__ScalarList": lambda s, o: torch._foreach_div_(s, [2.0, 4.0, 0.5, 1.0, 3.0]),
+    "div_List": lambda s, o: torch._foreach_div(s, o),
+    "addcmul__Scalar": lambda s, o: torch._foreach_addcmul_(s, o, s, 0.5),
+    "addcmul_Tensor": lambda s, o: torch._foreach_addcmul(s, o, o, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])),
+    "addcdiv__ScalarList": lambda s, o: torch._foreach_addcdiv_(s, o, s, [0.1, 0.2, 0.3, 0.4, 0.5]),
+    "lerp__Scalar": lambda s, o: torch._foreach_lerp_(s, [t.to(x.dtype) for t, x in zip(o, s)], 0.1),
+    "sqrt": lambda s, o: torch._foreach_sqrt(s),
+    "sqrt_": lambda s, o: torch._foreach_sqrt_(s),
+    "maximum__Scalar": lambda s, o: torch._foreach_maximum_(s, 1.0),
+    "pow_ScalarAndTensor": lambda s, o: torch._foreach_pow(2.0, s),
+}
+
+
+def _run_both(fn, make):
+    """``fn`` on CPU lists and on their nntile copies: (result or error, lists after) each."""
+    outcome = []
+    for dev in ("cpu", "nntile"):
+        lists = [[t.to(dev) if dev != "cpu" else t.clone() for t in lst] for lst in make()]
+        try:
+            out = fn(*lists)
+            got = None if out is None else [t.cpu() for t in out]
+        except RuntimeError as e:
+            got = e
+        outcome.append((got, [[t.cpu() for t in lst] for lst in lists]))
+    return outcome
+
+
+def _assert_same_outcome(fn, make):
+    (want, want_lists), (got, got_lists) = _run_both(fn, make)
+    if isinstance(want, RuntimeError):
+        assert isinstance(got, RuntimeError), f"CPU raised {want!r}, nntile returned"
+        assert str(got) == str(want)
+    else:
+        assert not isinstance(got, RuntimeError), f"nntile raised {got!r}, CPU did not"
+        assert (want is None) == (got is None)
+        assert len(got or []) == len(want or [])
+        for w, g in zip(want or [], got or []):
+            assert_close(g, w)
+    for wl, gl in zip(want_lists, got_lists):  # in-place results, and what an error left behind
+        for w, g in zip(wl, gl):
+            assert_close(g, w)
+
+
+@pytest.mark.parametrize("name", list(FOREACH_MIXED))
+def test_foreach_mixed_elements_match_cpu(name):
+    """Per element: type promotion, in-place dtype checks, broadcasting, 0-dim and zero-size tensors."""
+    fn = FOREACH_MIXED[name]
+    _assert_same_outcome(fn, lambda: [_mixed(), [t.flip(0) if t.dim() else t + 1 for t in _mixed()]])
+
+
+@pytest.mark.parametrize("name", ["mul_Scalar", "mul__Scalar", "mul__ScalarList", "add__Scalar", "add_List",
+                                  "div_List", "sqrt", "sqrt_", "sub__ScalarList", "addcmul__Scalar",
+                                  "mul__Tensor_nntile0d"])
+def test_foreach_integer_elements_match_cpu(name):
+    """Integer elements: out-of-place ops promote to float; in place, a float result raises
+    (after the elements before it were updated, as on CPU)."""
+    g = torch.Generator().manual_seed(13)
+    f = [torch.rand(3, generator=g) + 0.5, torch.rand((), generator=g) + 0.5]
+    ints = [torch.arange(1, 7).reshape(2, 3), torch.tensor(3), torch.arange(1, 5, dtype=torch.int32)]
+    others = [torch.ones(3), torch.full((2, 3), 2.0), torch.tensor(2), torch.ones(()), torch.full((4,), 2, dtype=torch.int32)]
+    _assert_same_outcome(FOREACH_MIXED[name], lambda: [[f[0], ints[0], ints[1], f[1], ints[2]], others])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_foreach_inplace_cast_error_matches_cpu(dtype):
+    ints = [torch.ones(3, dtype=dtype)]
+    for fn in (lambda s: torch._foreach_mul_(s, 0.5), lambda s: torch._foreach_add_(s, [t.float() for t in s]),
+               lambda s: torch._foreach_div_(s, 2)):
+        (want, _), (got, _) = _run_both(fn, lambda: [ints])
+        assert isinstance(want, RuntimeError) and isinstance(got, RuntimeError)
+        assert str(got) == str(want)
+
+
+@pytest.mark.parametrize("call", [
+    lambda s, o: torch._foreach_add_(s, o[:2]),
+    lambda s, o: torch._foreach_add(s, o + o[:1]),
+    lambda s, o: torch._foreach_lerp_(s, o[:2], 0.5),
+    lambda s, o: torch._foreach_addcmul_(s, o, o[:1], 0.5),
+    lambda s, o: torch._foreach_add_(s, [1.0, 2.0]),
+    lambda s, o: torch._foreach_mul(s, [1.0, 2.0, 3.0, 4.0]),
+    lambda s, o: torch._foreach_addcdiv_(s, o, o, [0.5]),
+    lambda s, o: torch._foreach_addcmul_(s, o, o, torch.tensor([1.0, 2.0])),
+], ids=["List", "List_longer", "lerp", "addcmul_tensor2", "ScalarList", "ScalarList_longer", "addcdiv_ScalarList",
+        "addcmul_scalars"])
+def test_foreach_length_mismatch_matches_cpu(call):
+    (want, wl), (got, gl) = _run_both(call, lambda: [[torch.full((3,), i + 1.0) for i in range(3)], [torch.full((3,), 2.0)] * 3])
+    assert isinstance(want, RuntimeError) and isinstance(got, RuntimeError)
+    assert str(got) == str(want)
+    for w, g in zip(wl[0], gl[0]):  # nothing was updated
+        assert_close(g, w)
+
+
+def test_foreach_counts_the_element_ops():
+    """A foreach call counts itself once and its element op once per element."""
+    _, (ns, na, _) = _lists(3)
+    torch_nntile.reset_info()
+    torch._foreach_addcdiv_(ns, na, na, [0.1, 0.2, 0.3])
+    torch._foreach_sqrt(ns)
+    assert torch_nntile.metrics()["ops"] == {"aten::_foreach_addcdiv_.ScalarList": 1, "aten::addcdiv_": 3,
+                                             "aten::_foreach_sqrt": 1, "aten::sqrt": 3}
+
+
+def test_foreach_element_declined_runs_on_fallback(monkeypatch):
+    """An element whose form declines (NotNative) runs on the CPU fallback, the others natively."""
+    from torch_nntile.backend import table_elementwise
+    from torch_nntile.ops.base import NotNative
+
+    ew = table_elementwise.ew
+
+    def picky(name, fn, args, dtype, **kw):
+        if name == "mul" and isinstance(args[0], torch.Tensor) and args[0].dim() == 1:
+            raise NotNative("a 1-D operand (test)")
+        return ew(name, fn, args, dtype, **kw)
+
+    monkeypatch.setattr(table_elementwise, "ew", picky)
+    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=True)
+    (cs, _, _), (ns, _, _) = _lists(3)
+    torch_nntile.reset_info()
+    torch._foreach_mul_(ns, 3.0)
+    outs = torch._foreach_mul(ns, [2.0, 0.5, 4])
+    torch._foreach_mul_(cs, 3.0)
+    want = torch._foreach_mul(cs, [2.0, 0.5, 4])
+    for lst, ref in ((ns, cs), (outs, want)):
+        for g, w in zip(lst, ref):
+            assert g.device.type == "nntile"
+            assert_close(g.cpu(), w)
+    assert torch_nntile.fallback_counts() == {"aten::mul_": 1, "aten::mul": 1}
+    ops = torch_nntile.metrics()["ops"]
+    assert ops["aten::mul_.Scalar"] == 3 and ops["aten::mul.Scalar"] == 3  # 2 native + 1 on the fallback each
+    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=False)
+    with pytest.raises(NotImplementedError, match=r"aten::mul_.Scalar is not supported .*1-D operand \(test\)"):
+        torch._foreach_mul_(ns, 3.0)
+
+
+def test_adamw_foreach_mixed_params_match_cpu():
+    """AdamW's foreach path over float32 / float64 / 0-dim / zero-size parameters."""
+    g = torch.Generator().manual_seed(7)
+    init = [torch.randn(6, 4, generator=g), torch.randn(5, generator=g).double(), torch.randn((), generator=g),
+            torch.randn(0, 3, generator=g), torch.randn(3, generator=g)]
+    ref = [nn.Parameter(t.clone()) for t in init]
+    mine = [nn.Parameter(t.to("nntile")) for t in init]
+    kw = dict(lr=0.05, weight_decay=0.1, foreach=True)
+    opt, ref_opt = torch.optim.AdamW(mine, **kw), torch.optim.AdamW(ref, **kw)
+    for _ in range(4):
+        for p, q in zip(mine, ref):
+            q.grad = torch.randn(q.shape, generator=g, dtype=q.dtype)
+            p.grad = q.grad.to("nntile")
+        opt.step()
+        ref_opt.step()
+        for p, q in zip(mine, ref):
+            assert_close(p.detach().cpu(), q.detach())
+
+
 # -- optimizers -------------------------------------------------------------------
 
 OPTIMIZERS = {

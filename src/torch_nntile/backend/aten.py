@@ -33,6 +33,8 @@ _LIB = torch.library.Library("aten", "IMPL")
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 REGISTERED: set[str] = set()
 IMPLS: dict[str, Callable[..., Any]] = {}  # overload -> its kernel here, for calls from our own kernels
+# overload -> (its functional form, whether the overload is the in-place one) for those defop / forms derive
+FORMS: dict[str, tuple[Callable[..., DataNode], bool]] = {}
 Scalar = int | float | bool
 _DEFAULT_PROMOTION = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 
@@ -70,6 +72,7 @@ def register(name: str, fn: Callable[..., Any]) -> None:
     _LIB.impl(name, recorded, "PrivateUse1")
     REGISTERED.add(name)
     IMPLS[name] = recorded
+    FORMS.pop(name, None)  # a form registered for ``name`` before is not its kernel now
 
 
 def overload_exists(name: str) -> bool:
@@ -92,6 +95,7 @@ def defop(*names: str, inplace: bool = True, out: bool = True) -> Callable:
                 return new_tensor(f(*args, **kw))
 
             register(name, functional)
+            FORMS[name.removesuffix(".default")] = (f, False)
             ip = f"{base}_.{ov}" if ov else f"{base}_"
             outs = [f"{base}.{ov}_out"] if ov and ov != "default" else []
             outs += [f"{base}.out"] if ov in ("", "default", "Tensor") else []
@@ -112,6 +116,7 @@ def forms(f: Callable[..., DataNode], inplace: str | None = None, out: str | Non
             write_inplace(self, f(self, *args, **kw))
             return self
         register(inplace, in_place)
+        FORMS[inplace.removesuffix(".default")] = (f, True)
     if out is not None:
         base, _, ov = out.partition(".")
         schema = getattr(getattr(aten, base), ov)._schema

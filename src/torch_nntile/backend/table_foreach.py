@@ -3,12 +3,27 @@ through the native per-tensor ops (imported last: it registers only those)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from itertools import repeat
 from typing import Any
 
 import torch
 
-from torch_nntile.backend.aten import IMPLS, REGISTERED, aten, overload_exists, register
-from torch_nntile.backend.device import is_nntile, to_cpu
+from torch_nntile import stats
+from torch_nntile.backend.aten import (
+    FORMS,
+    IMPLS,
+    REGISTERED,
+    aten,
+    check_live,
+    overload_exists,
+    register,
+    write_inplace,
+)
+from torch_nntile.backend.device import is_nntile, new_tensor, to_cpu
+from torch_nntile.backend.fallback import run_fallback
+from torch_nntile.graph.nodes import DataNode
+from torch_nntile.ops.base import NotNative
 
 # ``_foreach_X`` runs ``X`` per list element through the dispatcher. Where ``X`` has
 # no tensor-scalar overload, another op stands in (as ATen's own slow path does).
@@ -37,16 +52,23 @@ def _foreach(name: str) -> bool:
     if per_ov not in per.overloads():
         per_ov = next(o for o in per.overloads() if "out" not in o)
     per_schema = getattr(per, per_ov)._schema
-    # Called from inside a kernel of ours (below autograd), the element op's own kernel
-    # here is what the dispatcher would pick: call it directly, skipping the dispatch.
-    per = IMPLS.get(per_name if per_ov == "default" else f"{per_name}.{per_ov}", per)
+    per_key = per_name if per_ov == "default" else f"{per_name}.{per_ov}"
     kwnames = {i: a.name for i, a in enumerate(per_schema.arguments) if a.kwarg_only}
-    kinds = []  # per positional argument: "list", "scalars" (1-D tensor of values) or "same"
+    kinds = []  # per positional argument: "list", "scalar_list", "scalars" (1-D tensor of values) or "same"
     for a in schema.arguments:
         if a.kwarg_only:
             break
         listed = isinstance(a.type, torch.ListType)
-        kinds.append("list" if listed else "scalars" if a.name == "scalars" and str(a.type) == "Tensor" else "same")
+        scalar_list = listed and isinstance(a.type.getElementType(), torch.NumberType)
+        kinds.append("scalar_list" if scalar_list else "list" if listed
+                     else "scalars" if a.name == "scalars" and str(a.type) == "Tensor" else "same")
+    # Called from inside a kernel of ours (below autograd), the element op's own kernel
+    # here is what the dispatcher would pick: run it directly, skipping the dispatch.
+    # Where defop / forms derived it, run its functional form and do per element only
+    # what its kernel would beyond that (the liveness check and the record phase are
+    # this call's, once).
+    form, overload = FORMS.get(per_key), getattr(per, per_ov)
+    elements = _direct(form, overload, f"aten::{per_key}") if form else _through(IMPLS.get(per_key, overload))
 
     def f(*args: Any, **kw: Any) -> Any:
         args = list(args)
@@ -57,22 +79,74 @@ def _foreach(name: str) -> bool:
         n = next(len(a) for a, k in zip(args, kinds) if k != "same")
         for a, k in zip(args, kinds):
             if k != "same" and len(a) != n:
-                raise RuntimeError(f"{name}: Tensor lists must have the same number of tensors, got {n} and {len(a)}")
-        outs = []
-        for i in range(n):
-            pos: list[Any] = []
-            kws = dict(kw)
-            for j, (a, k) in enumerate(zip(args, kinds)):
-                v = a if k == "same" else a[i]
-                if j in kwnames:
-                    kws[kwnames[j]] = v
+                raise RuntimeError(_length_error(k, n, len(a)))
+        cols: list[Any] = []  # per positional argument of X: its values, one per element
+        kws = dict(kw)
+        listed: list[tuple[str, list[Any]]] = []  # X's keyword arguments that vary per element
+        for j, (a, k) in enumerate(zip(args, kinds)):
+            if j in kwnames:
+                if k == "same":
+                    kws[kwnames[j]] = a
                 else:
-                    pos.append(v)
-            outs.append(per(*pos, **kws))
+                    listed.append((kwnames[j], a))
+            else:
+                cols.append(repeat(a, n) if k == "same" else a)
+        if listed:
+            per_kw = [{**kws, **{key: a[i] for key, a in listed}} for i in range(n)]
+        else:
+            per_kw = repeat(kws, n)
+        outs = elements(zip(*cols), per_kw) if n else []
         return None if inplace else outs
 
     register(name, f)
     return True
+
+
+def _length_error(kind: str, n: int, m: int) -> str:
+    """CPU's message for a list argument of ``m`` elements beside ``n`` tensors."""
+    if kind == "scalar_list":
+        return "Tensor list must have same number of elements as scalar list."
+    if kind == "scalars":
+        return f"Expected length of scalars to match input of length {n} but got {m} instead."
+    return f"Tensor lists must have the same number of tensors, got {n} and {m}"
+
+
+Elements = Callable[[Iterable[tuple], Iterable[dict[str, Any]]], list[Any]]
+
+
+def _through(kernel: Callable[..., Any]) -> Elements:
+    """Run each element through the element op's registered kernel."""
+    def run(pos: Iterable[tuple], kws: Iterable[dict[str, Any]]) -> list[Any]:
+        return [kernel(*p, **k) for p, k in zip(pos, kws)]
+    return run
+
+
+def _direct(form: tuple[Callable[..., DataNode], bool], overload: Any, key: str) -> Elements:
+    """Run each element through the element op's functional form, as its kernel
+    (``recorded`` over the form's ``functional`` / ``in_place``) would, less what one
+    foreach call does once: an element the form declines runs on the fallback; each
+    one recorded natively counts as a call of the element op."""
+    fn, in_place = form
+    calls = stats.OP_CALLS
+
+    def run(pos: Iterable[tuple], kws: Iterable[dict[str, Any]]) -> list[Any]:
+        check_live()
+        outs = []
+        for p, k in zip(pos, kws):
+            try:
+                value = fn(*p, **k)
+                if in_place:
+                    write_inplace(p[0], value)
+                    out = p[0]
+                else:
+                    out = new_tensor(value)
+            except NotNative as e:
+                outs.append(run_fallback(overload, p, dict(k), str(e)))
+                continue
+            calls[key] += 1
+            outs.append(out)
+        return outs
+    return run
 
 
 # The element op overload each foreach overload runs: by (op, overload), else by overload.
