@@ -114,6 +114,9 @@ def _lower_map(ctx: Lowering, node: OpNode) -> None:
     out_node = node.outputs[0]
     ins = [ctx.input(n) for n in node.inputs]
     out = ctx.output(out_node)
+    if len(out.handles) == 1 and all(len(a.handles) == 1 for a in ins):  # untiled: one task, no index work
+        ctx.task_on_first_tiles(fn, out, ins, name)
+        return
     nd = len(out.shape)
     for idx in out.indices():
         args = [Arg(out, idx, W)] + [Arg(a, input_index(a, idx, nd), R) for a in ins]

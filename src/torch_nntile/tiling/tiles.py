@@ -329,6 +329,14 @@ class Lowering:
             specs.append(arr.specs[f])
         self.tasks.append((fn, handles, modes, specs, name))
 
+    def task_on_first_tiles(self, fn: KernelData, out: TileArray, ins: list[TileArray], name: str) -> None:
+        """``task`` writing ``out``'s first tile from the first tiles of ``ins`` (values
+        of one tile each: the common untiled case, without building ``Arg``s)."""
+        if type(fn) not in KERNEL_TYPES:
+            raise TypeError(f"tile kernel of {name} is a {type(fn).__name__}: kernels are Kernel, Gemm or PackB data")
+        self.tasks.append((fn, [out.handles[0], *[a.handles[0] for a in ins]], [W] + [R] * len(ins),
+                           [out.specs[0], *[a.specs[0] for a in ins]], name))
+
     def commit(self) -> None:
         for node, arr in self.values.items():
             node.value = arr
