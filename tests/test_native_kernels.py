@@ -348,3 +348,15 @@ def test_arange_in_c(args, dtype, tiles):
     tasks = [(k, specs) for k, specs, n in _lowered() if n == "arange"]
     assert tasks and all(native.record(k, specs) is not None for k, specs in tasks)
     assert torch.equal(got.cpu(), want)
+
+
+def test_exp_underflows_to_exact_zero_like_cpu():
+    """exp of -inf and of values past the smallest subnormal is 0, as on CPU, so that
+    log(sum(exp(x))) of a row with nothing left is -inf (not about -103)."""
+    x = torch.cat([torch.linspace(-105, -80, 5001), torch.tensor([-math.inf, -104.0, -103.9])])
+    got = torch.exp(_dev(x)).cpu()
+    assert torch.equal(got == 0, torch.exp(x) == 0)
+    rows = torch.full((3, 2), -math.inf)
+    rows[0, 0] = 1.0
+    assert torch.equal(torch.logsumexp(_dev(rows), 0).cpu(), torch.logsumexp(rows, 0))
+    assert torch.equal(F.softmax(_dev(rows.t().contiguous()), -1).cpu() == 0, F.softmax(rows.t(), -1) == 0)

@@ -11,6 +11,7 @@
 static inline __attribute__((always_inline)) float fexp(float x)
 {
     float big = x > 88.72283935546875f;  /* past FLT_MAX */
+    float zero = x < -103.97207641601562f;  /* below half the smallest subnormal (-inf included) */
     x = x < -103.9f ? -103.9f : x > 88.8f ? 88.8f : x;
     float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* round to nearest */
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
@@ -25,7 +26,7 @@ static inline __attribute__((always_inline)) float fexp(float x)
     int32_t ni = (int32_t)n, h = ni >> 1;
     union { int32_t i; float f; } a = { (h + 127) << 23 }, b = { (ni - h + 127) << 23 };
     float e = p * a.f * b.f;
-    return big ? __builtin_inff() : e;
+    return big ? __builtin_inff() : zero ? 0.0f : e;
 }
 
 static inline __attribute__((always_inline)) float ftanh(float x)
