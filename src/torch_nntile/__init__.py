@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 import torch
 
 from torch_nntile import backend as _backend  # noqa: F401  (registers the device)
@@ -35,8 +37,14 @@ from torch_nntile.runtime.context import WHERE_ANY, WHERE_CPU, KernelError, Tile
 from torch_nntile.session import SESSION_STATE as _S
 from torch_nntile.session import Progress
 
+try:
+    __version__ = _metadata.version("torch_nntile")  # pyproject.toml's, as installed
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
-    "KernelError", "compile_graph", "dump_graph", "empty_cache", "execute", "fallback_counts", "format_axis_groups",
+    "KernelError", "built_with_cuda", "compile_graph", "dump_graph", "empty_cache", "execute", "fallback_counts",
+    "format_axis_groups",
     "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
     "pending_op_names", "print_axis_groups", "print_info", "reset_info", "restore_where", "restrict_cpu",
     "restrict_cuda", "run", "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
@@ -111,6 +119,11 @@ def print_axis_groups() -> None:
 def restrict_cpu() -> None:
     """Run the next submitted tasks on CPU workers only."""
     _S.runtime().where = WHERE_CPU
+
+
+def built_with_cuda() -> bool:
+    """Whether this build can run tasks on CUDA workers (Debian's StarPU has none)."""
+    return False
 
 
 def restrict_cuda() -> None:
