@@ -96,3 +96,32 @@ def test_train_full_batch_step_with_mse_and_names_on_cpu_rejected():
 def test_version_and_build():
     assert torch_nntile.__version__ == "0.1.0"
     assert torch_nntile.built_with_cuda() is False
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradient_accumulation_over_micro_batches(set_to_none):
+    """Several backward() calls, then step(): gradients add up as on CPU, and
+    zero_grad(set_to_none=...) leaves None or zeros as on CPU."""
+    torch.manual_seed(9)
+    cpu = DeepReLU(6, 8, 3, depth=3)
+    dev = copy.deepcopy(cpu).to("nntile")
+    opt_c = torch.optim.SGD(cpu.parameters(), lr=0.1, momentum=0.9)
+    opt_n = torch.optim.SGD(dev.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = torch.randn(3, 4, 6), torch.randint(0, 3, (3, 4))
+    for _ in range(3):
+        for x, y in zip(xs, ys):  # three micro-batches per step
+            (training.cross_entropy(cpu(x), y) / 3).backward()
+            (training.cross_entropy(dev(x.to("nntile")), y.to("nntile")) / 3).backward()
+        for pc, pn in zip(cpu.parameters(), dev.parameters()):
+            assert_close(pn.grad.cpu(), pc.grad)
+        opt_c.step()
+        opt_n.step()
+        opt_c.zero_grad(set_to_none=set_to_none)
+        opt_n.zero_grad(set_to_none=set_to_none)
+        for pc, pn in zip(cpu.parameters(), dev.parameters()):
+            if set_to_none:
+                assert pn.grad is None and pc.grad is None
+            else:
+                assert pn.grad.device.type == "nntile" and torch.equal(pn.grad.cpu(), pc.grad)
+    for pc, pn in zip(cpu.parameters(), dev.parameters()):
+        assert_close(pn.detach().cpu(), pc.detach())
