@@ -61,8 +61,7 @@ def train_full_batch_step(model: torch.nn.Module, x: torch.Tensor, labels: torch
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    value = loss.item()  # on nntile: flushes the step and waits for the loss
+    value = loss.item()  # on nntile: submits the whole step and waits for the loss
     if on_nntile:
-        torch_nntile.execute()
-        torch_nntile.wait()
+        torch_nntile.wait()  # and for the rest of the step
     return value

@@ -38,25 +38,20 @@ def scale_tile(scale: float, o: torch.Tensor) -> None:
     o.mul_(scale)
 
 
-def _sum_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+def _sum_rows(accumulate: bool) -> Callable[..., tuple[list[int], tuple] | None]:
     """Sums of float32 over consecutive dims run in C (a bias gradient: the rows of a tile)."""
-    dims, _, dtype = params
-    x = shapes[1]
-    if dtype is not torch.float32 or not dims or list(dims) != list(range(dims[0], dims[-1] + 1)):
-        return None
-    outer, inner = native.numel(x[:dims[0]]), native.numel(x[dims[-1] + 1:])
-    return [native.SUM, outer, native.numel(x[dims[0]:dims[-1] + 1]), inner, 0], ()
-
-
-def _sum_into_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
-    rec = _sum_rows(params, shapes)
-    if rec is not None:
-        rec[0][4] = 1
+    def rec(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+        dims, _, dtype = params
+        x = shapes[1]
+        if dtype is not torch.float32 or not dims or list(dims) != list(range(dims[0], dims[-1] + 1)):
+            return None
+        outer, inner = native.numel(x[:dims[0]]), native.numel(x[dims[-1] + 1:])
+        return [native.SUM, outer, native.numel(x[dims[0]:dims[-1] + 1]), inner, int(accumulate)], ()
     return rec
 
 
-native.ROWS[sum_tile] = _sum_rows
-native.ROWS[sum_tile_into] = _sum_into_rows
+native.ROWS[sum_tile] = _sum_rows(False)
+native.ROWS[sum_tile_into] = _sum_rows(True)
 native.TRANSLATORS[scale_tile] = lambda p, params, refs: p.emit(native.MUL, native.Ref(0), params[0])
 
 

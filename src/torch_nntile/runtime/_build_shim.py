@@ -362,6 +362,13 @@ static void tnt_native_done(struct starpu_task *task, int nbuf, int64_t key, int
     __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
 }
 
+/* A task run in C that computed nothing: what it writes holds ``failure``; it counts as done. */
+static void tnt_native_failed(struct starpu_task *task, int nbuf, int64_t failure)
+{
+    tnt_task_wrote(task, nbuf, failure);
+    __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+}
+
 static void tnt_gemm_func(void *buffers[], void *cl_arg)
 {
     static __thread int single_threaded;
@@ -370,8 +377,7 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
     int nbuf = STARPU_TASK_GET_NBUFFERS(task);
     int64_t failed = tnt_task_failure(task, nbuf);
     if (failed) {  /* an input holds no value: neither does the output */
-        tnt_task_wrote(task, nbuf, failed);
-        __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+        tnt_native_failed(task, nbuf, failed);
         return;
     }
     int w = starpu_worker_get_id();
@@ -436,8 +442,7 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
     int nbuf = STARPU_TASK_GET_NBUFFERS(task);
     int64_t failed = tnt_task_failure(task, nbuf);
     if (failed) {
-        tnt_task_wrote(task, nbuf, failed);
-        __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+        tnt_native_failed(task, nbuf, failed);
         return;
     }
     void *ptrs[TNT_EW_CONST];
@@ -455,8 +460,7 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
             rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, &bad);
     }
     if (rc != TNT_ROWS_OK) {  /* a bad index or target: the task fails as the CPU kernel would */
-        tnt_task_wrote(task, nbuf, _tnt_input_error(a->name, rc, bad));
-        __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+        tnt_native_failed(task, nbuf, _tnt_input_error(a->name, rc, bad));
         return;
     }
     tnt_native_done(task, nbuf, a->key, starpu_worker_get_id(), a->name, a->trace, t0);

@@ -138,6 +138,11 @@ if threading.current_thread() is threading.main_thread() and signal.getsignal(si
     signal.signal(signal.SIGINT, _sigint)
 
 
+def _check_kernel(fn: Any, name: str) -> None:
+    if type(fn) not in KERNEL_TYPES:
+        raise TypeError(f"tile kernel of {name} is a {type(fn).__name__}: kernels are Kernel, Gemm or PackB data")
+
+
 class Arg:
     """One tile operand of a task: which tile and how it is accessed."""
 
@@ -318,8 +323,7 @@ class Lowering:
     def task(self, fn: KernelData, args: list[Arg], name: str) -> None:
         """Add a task running kernel ``fn`` (data, never a closure: equal kernels must
         compare equal for a lowered step to be recognized) on the tiles of ``args``."""
-        if type(fn) not in KERNEL_TYPES:
-            raise TypeError(f"tile kernel of {name} is a {type(fn).__name__}: kernels are Kernel, Gemm or PackB data")
+        _check_kernel(fn, name)
         handles, modes, specs = [], [], []
         for a in args:
             arr = a.arr
@@ -332,8 +336,7 @@ class Lowering:
     def task_on_first_tiles(self, fn: KernelData, out: TileArray, ins: list[TileArray], name: str) -> None:
         """``task`` writing ``out``'s first tile from the first tiles of ``ins`` (values
         of one tile each: the common untiled case, without building ``Arg``s)."""
-        if type(fn) not in KERNEL_TYPES:
-            raise TypeError(f"tile kernel of {name} is a {type(fn).__name__}: kernels are Kernel, Gemm or PackB data")
+        _check_kernel(fn, name)
         self.tasks.append((fn, [out.handles[0], *[a.handles[0] for a in ins]], [W] + [R] * len(ins),
                            [out.specs[0], *[a.specs[0] for a in ins]], name))
 
