@@ -16,7 +16,8 @@ $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q setuptools wheel cffi numpy pytest ruff pydot expecttest==0.3.0 transformers==5.24.0
+	$(VPY) -m pip install -q setuptools wheel cffi numpy pytest ruff pydot expecttest==0.3.0 transformers==5.24.0 \
+		scikit-learn==1.9.1 tqdm==4.70.1 matplotlib==3.11.2
 	$(VPY) -m pip install -q --no-build-isolation -e .
 	touch $@
 

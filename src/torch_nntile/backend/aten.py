@@ -45,13 +45,16 @@ def check_live() -> None:
 
 
 def register(name: str, fn: Callable[..., Any]) -> None:
-    """Register ``fn`` for an ATen overload, counting its calls and record time."""
+    """Register ``fn`` for an ATen overload (or a ``torch_nntile::`` op that ``define``
+    made), counting its calls and record time."""
     if name.endswith(".default"):
         name = name[: -len(".default")]
-    key = f"aten::{name}"
+    namespace, _, name = name.rpartition("::")
+    namespace = namespace or "aten"
+    key = f"{namespace}::{name}"
     calls, enter, leave, graph, state = stats.OP_CALLS, stats.enter, stats.leave, SESSION, SESSION_STATE
     base, _, ov = name.partition(".")
-    overload = getattr(getattr(aten, base), ov or "default")
+    overload = getattr(getattr(getattr(torch.ops, namespace), base), ov or "default")
 
     def recorded(*args: Any, **kw: Any) -> Any:
         t0 = enter()
@@ -69,10 +72,29 @@ def register(name: str, fn: Callable[..., Any]) -> None:
             state.flush_early()
         return out
 
+    if namespace != "aten":
+        _OWN.impl(name, recorded, "PrivateUse1")
+        return
     _LIB.impl(name, recorded, "PrivateUse1")
     REGISTERED.add(name)
     IMPLS[name] = recorded
     FORMS.pop(name, None)  # a form registered for ``name`` before is not its kernel now
+
+
+_OWN = torch.library.Library("torch_nntile", "DEF")
+
+
+def define(schema: str, cpu: Callable[..., Any], nntile: Callable[..., Any]) -> Any:
+    """Define the op ``torch_nntile::<schema>``: ``cpu`` is its eager CPU kernel (plain
+    torch code, also what the fallback runs), ``nntile`` records it (returning tensors,
+    or raising ``NotNative`` to fall back). For ops of our own API that have no single
+    ATen op: called inside an ``autograd.Function``, each records one graph op. Returns
+    the op's default overload."""
+    name = schema.partition("(")[0]
+    _OWN.define(schema)
+    _OWN.impl(name, cpu, "CPU")
+    register(f"torch_nntile::{name}", nntile)
+    return getattr(torch.ops.torch_nntile, name).default
 
 
 def overload_exists(name: str) -> bool:

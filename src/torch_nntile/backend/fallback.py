@@ -24,7 +24,7 @@ _WARNED: set[str] = set()  # ops already warned about under TORCH_NNTILE_DEBUG
 
 def op_name(op: Any) -> str:
     schema = op._schema
-    return f"aten::{schema.name.split('::')[-1]}" + (f".{schema.overload_name}" if schema.overload_name else "")
+    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
 
 
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,1 @@
+"""ATen-table rows for torch_nntile:: ops (placeholder, filled by its owner)."""
