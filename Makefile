@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export STARPU_HOME ?= $(CURDIR)/.starpu
 export STARPU_SILENT ?= 1
 
-.PHONY: setup demo test test-all test-stress bench soak lint clean
+.PHONY: setup demo test test-all test-stress test-wheel wheel bench soak lint clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py $(wildcard src/torch_nntile/runtime/csrc/*)
 	@pkg-config --exists starpu-1.3 || pkg-config --exists starpu-1.4 || \
@@ -37,6 +37,15 @@ test-all: setup
 test-stress: setup
 	$(VPY) scripts/stress.py --rounds 10
 
+# A manylinux wheel that carries its own libstarpu, in dist/ (scripts/build_wheel.sh:
+# sdist, wheel from it, auditwheel repair). Rebuilt each time: it takes seconds.
+wheel:
+	PY=$(PY) bash scripts/build_wheel.sh
+
+# That wheel installed into a fresh venv with torch 2.13.0 and checked there (slow).
+test-wheel: setup wheel
+	TORCH_NNTILE_WHEEL="$$(ls dist/torch_nntile-*.whl)" $(VPY) -m pytest -q -m slow tests/test_wheel.py
+
 bench: setup
 	$(VPY) benchmarks/mlp_step.py
 
@@ -47,4 +56,4 @@ lint: setup
 	$(VPY) -m ruff check src tests benchmarks examples scripts
 
 clean:
-	rm -rf $(VENV) build .starpu src/*.egg-info src/torch_nntile/runtime/_shim*
+	rm -rf $(VENV) build dist .starpu src/*.egg-info src/torch_nntile/runtime/_shim*
