@@ -1,4 +1,5 @@
-"""Losses: negative log-likelihood (``nll_loss``, ``nll_loss2d``) and mean squared error.
+"""Losses: negative log-likelihood (``nll_loss``, ``nll_loss2d``), cross-entropy over the
+last dim and mean squared error.
 
 NLL: input ``(N, C, *S)``, target ``(N, *S)``; the class dim may be tiled. Each tile
 of classes picks the targets that fall in it (the others contribute 0), so a loss
@@ -6,10 +7,16 @@ over a large vocabulary never needs the classes in one tile: per row the parts o
 the class tiles are summed, for a reduced loss all parts are. The total weight
 depends on the targets only, so it is computed apart from the loss (the backward of
 one row tile need not wait for the forward of the others).
+
+Cross-entropy of ``[..., C]`` logits against ``[...]`` labels is one op: each tile of
+classes writes per row its maximum, sum of exponentials and the label's logit (where
+the label falls in it), one task per row tile combines them into ``logsumexp`` and the
+rows' losses; the backward recomputes the softmax from that ``logsumexp`` per tile.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,10 +25,11 @@ import torch
 from torch_nntile.graph.axes import union
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
-from torch_nntile.ops.base import NotNative, Op, map_op, record
+from torch_nntile.ops.base import NotNative, Op, broadcast_axes, map_op, record, reduce_into, split_chains
 from torch_nntile.ops.data import fill_tile
-from torch_nntile.ops.reduce import sum_op
-from torch_nntile.ops.views import reshape
+from torch_nntile.ops.reduce import acc_dtype, scale_tile, stacked, type_word
+from torch_nntile.ops.softmax import finite_max
+from torch_nntile.ops.views import expand, reshape
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
 
 NONE, MEAN, SUM_RED = 0, 1, 2
@@ -297,24 +305,236 @@ def mse_backward_tile(scale: float, o: torch.Tensor, g: torch.Tensor, x: torch.T
 
 def _check_mse(x: DataNode, dtype: torch.dtype) -> None:
     if not (dtype.is_floating_point or dtype.is_complex):
-        raise NotImplementedError(f"\"mse_cpu\" not implemented for '{_type_word(dtype)}'")
+        raise NotImplementedError(f"\"mse_cpu\" not implemented for '{type_word(dtype)}'")
 
 
-def _type_word(dt: torch.dtype) -> str:
-    return {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-            torch.bool: "Bool"}.get(dt, str(dt).removeprefix("torch."))
+def mse_sum_tile(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+    o.copy_(torch.sum(torch.square(x - y)))
+
+
+def mse_sum_tile_into(o: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+    o.add_(torch.sum(torch.square(x - y)))
+
+
+def _lower_mse_reduced(ctx: Lowering, node: OpNode) -> None:
+    (scale,) = node.attrs
+    x = ctx.input(node.inputs[0])
+    y = ctx.input(node.inputs[1], x.tiling)
+    out = ctx.output(node.outputs[0])
+    write, acc = Kernel(mse_sum_tile), Kernel(mse_sum_tile_into)
+    parts = [(write, acc, [Arg(x, idx, R), Arg(y, idx, R)]) for idx in x.indices()]
+    finish = None if scale == 1 else Kernel(scale_tile, scale)
+    reduce_into(ctx, out, (), parts, "mse_loss", split_chains(ctx, node, len(parts), 1), finish)
+
+
+MSE_REDUCED = Op("mse_loss", _lower_mse_reduced, cost=lambda node: node.inputs[0].numel)
 
 
 def mse_loss(x: DataNode, y: DataNode, reduction: int, dtype: torch.dtype) -> DataNode:
-    """``(x - y)^2`` elementwise, then its mean or sum (tiled as any sum)."""
+    """``(x - y)^2`` elementwise, or its mean or sum: one op (the sum over tiles in chains)."""
     _check_mse(x, dtype)
-    d = map_op("mse_loss", Kernel(mse_tile), [x, y], dtype)
     if reduction == NONE:
-        return d
-    return sum_op(d, (), False, dtype, mean=reduction == MEAN)
+        return map_op("mse_loss", Kernel(mse_tile), [x, y], dtype)
+    if x.shape != y.shape:  # operands that broadcast: expanded first
+        shape, _ = broadcast_axes([x, y])
+        x, y = (n if n.shape == shape else expand(n, shape) for n in (x, y))
+    for a, b in zip(x.axes, y.axes):
+        union(a, b)
+    n = x.numel
+    scale = (1.0 / n if n else math.nan) if reduction == MEAN else 1  # the mean of nothing is nan
+    return record(MSE_REDUCED, (x, y), (scale,), [((), dtype, ())])[0]
 
 
 def mse_loss_backward(g: DataNode, x: DataNode, y: DataNode, reduction: int, dtype: torch.dtype) -> DataNode:
     _check_mse(x, dtype)
     scale = 2.0 / x.numel if reduction == MEAN and x.numel else 2.0
     return map_op("mse_loss_backward", Kernel(mse_backward_tile, scale), [g, x, y], dtype)
+
+
+# -- cross-entropy over the last dim ------------------------------------------------------
+
+
+def check_targets(ignore_index: int, classes: int, t: torch.Tensor) -> None:
+    bad = ((t < 0) | (t >= classes)) & (t != ignore_index)
+    if bool(bad.any()):
+        raise IndexError(f"Target {int(t[bad].flatten()[0])} is out of bounds.")
+
+
+def _label_logit(ignore_index: int, lo: int, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Per row, the logit of the label where it falls in this tile of classes (``lo`` on), else 0."""
+    inside = (t >= lo) & (t < lo + x.shape[-1]) & (t != ignore_index)
+    v = x.gather(-1, torch.where(inside, t - lo, 0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(inside, v, 0)
+
+
+def _ce_finish(reduction: int, ignore_index: int, final: bool, lse: torch.Tensor, picked: torch.Tensor,
+               t: torch.Tensor, lse_o: torch.Tensor, loss_o: torch.Tensor, count_o: torch.Tensor) -> None:
+    """The rows' ``logsumexp``, their losses (or their sum; the mean where ``final``) and the
+    number of labels not ignored."""
+    lse_o.copy_(lse)
+    valid = t != ignore_index
+    rows = torch.where(valid, lse - picked, 0)
+    count = valid.sum()
+    count_o.copy_(count)
+    if reduction == NONE:
+        loss_o.copy_(rows)
+    else:
+        total = rows.sum()
+        loss_o.copy_(total / count if final and reduction == MEAN else total)
+
+
+def ce_rows_tile(reduction: int, ignore_index: int, final: bool, lse_o: torch.Tensor, loss_o: torch.Tensor,
+                 count_o: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> None:
+    """Rows with all their classes in one tile."""
+    check_targets(ignore_index, x.shape[-1], t)
+    xf = x.to(lse_o.dtype)
+    _ce_finish(reduction, ignore_index, final, torch.logsumexp(xf, -1), _label_logit(ignore_index, 0, xf, t), t,
+               lse_o, loss_o, count_o)
+
+
+def ce_partial(ignore_index: int, lo: int, classes: int | None, m: torch.Tensor, s: torch.Tensor, p: torch.Tensor,
+               x: torch.Tensor, t: torch.Tensor) -> None:
+    """One tile of classes: per row its maximum, sum of exponentials relative to it and the
+    label's logit (0 where the label is elsewhere); with ``classes`` it checks the labels."""
+    if classes is not None:
+        check_targets(ignore_index, classes, t)
+    xf = x.to(m.dtype)
+    torch.amax(xf, -1, out=m)
+    torch.sum(torch.exp(xf - finite_max(m).unsqueeze(-1)), -1, out=s)
+    p.copy_(_label_logit(ignore_index, lo, xf, t))
+
+
+def ce_combine(reduction: int, ignore_index: int, final: bool, lse_o: torch.Tensor, loss_o: torch.Tensor,
+               count_o: torch.Tensor, t: torch.Tensor, *parts: torch.Tensor) -> None:
+    ms, ss, ps = stacked(parts, 3)
+    m = torch.amax(ms, 0)
+    fm = finite_max(m)
+    lse = torch.log(torch.sum(ss * torch.exp(ms - fm), 0)) + fm
+    _ce_finish(reduction, ignore_index, final, lse, ps.sum(0), t, lse_o, loss_o, count_o)
+
+
+def ce_total(reduction: int, *ts: torch.Tensor) -> None:
+    """The loss (unless per row) and the count from the parts of the row tiles."""
+    if reduction == NONE:
+        count_o, counts = ts[0], ts[1:]
+    else:
+        loss_o, count_o = ts[:2]
+        losses, counts = stacked(ts[2:], 2)
+        total = losses.sum()
+        loss_o.copy_(total / counts.sum() if reduction == MEAN else total)
+    count_o.copy_(torch.stack(counts).sum() if reduction == NONE else counts.sum())
+
+
+def _lower_cross_entropy(ctx: Lowering, node: OpNode) -> None:
+    reduction, ignore_index = node.attrs
+    xn, tn = node.inputs
+    x = ctx.input(xn)
+    t = ctx.input(tn, x.tiling[:-1])
+    loss, lse, count = (ctx.output(n) for n in node.outputs)
+    acc = lse.dtype
+    rows = list(lse.indices())
+    final = len(rows) == 1
+    nc = x.grid[-1]
+    name = "cross_entropy"
+    loss_parts, count_parts = [], []
+    for ri in rows:
+        if final:
+            loss_arg, count_arg = Arg(loss, ri if reduction == NONE else (), W), Arg(count, (), W)
+        else:
+            loss_arg = Arg(loss, ri, W) if reduction == NONE else Arg(ctx.temp((), loss.dtype), (), W)
+            count_arg = Arg(ctx.temp((), acc), (), W)
+            if reduction != NONE:
+                loss_parts.append(Arg(loss_arg.arr, (), R))
+            count_parts.append(Arg(count_arg.arr, (), R))
+        outs = [Arg(lse, ri, W), loss_arg, count_arg]
+        if nc == 1:
+            ctx.task(Kernel(ce_rows_tile, reduction, ignore_index, final), outs + [Arg(x, ri + (0,), R), Arg(t, ri, R)],
+                     name)
+            continue
+        shape = lse.tile_shape(ri)
+        zero = (0,) * len(shape)
+        parts: list[list[Arg]] = [[], [], []]
+        for j in range(nc):
+            ps = [ctx.temp(shape, acc) for _ in range(3)]
+            k = Kernel(ce_partial, ignore_index, x.offs[-1][j], xn.shape[-1] if j == 0 else None)  # one tile checks
+            ctx.task(k, [Arg(p, zero, W) for p in ps] + [Arg(x, ri + (j,), R), Arg(t, ri, R)], name)
+            for lst, p in zip(parts, ps):
+                lst.append(Arg(p, zero, R))
+        ctx.task(Kernel(ce_combine, reduction, ignore_index, final), outs + [Arg(t, ri, R)] + [a for p in parts for a in p],
+                 name)
+    if not final:
+        outs = [Arg(count, (), W)] if reduction == NONE else [Arg(loss, (), W), Arg(count, (), W)]
+        ctx.task(Kernel(ce_total, reduction), outs + loss_parts + count_parts, name)
+
+
+CROSS_ENTROPY = Op("cross_entropy", _lower_cross_entropy, cost=lambda node: 2 * node.inputs[0].numel)
+
+
+def ce_grad_tile(reduction: int, ignore_index: int, lo: int, o: torch.Tensor, g: torch.Tensor, x: torch.Tensor,
+                 t: torch.Tensor, lse: torch.Tensor, count: torch.Tensor) -> None:
+    """``(softmax(x) - onehot(t)) * scale`` on one tile of classes (``lo`` on); ``scale`` is
+    the row's gradient (over the count for the mean), 0 for ignored rows."""
+    acc = lse.dtype
+    p = torch.exp(x.to(acc) - lse.unsqueeze(-1))
+    inside = (t >= lo) & (t < lo + x.shape[-1]) & (t != ignore_index)
+    p.scatter_add_(-1, torch.where(inside, t - lo, 0).unsqueeze(-1), -inside.to(acc).unsqueeze(-1))
+    gf = g.to(acc)
+    scale = torch.where(t != ignore_index, gf / count if reduction == MEAN else gf, 0)
+    o.copy_(p * scale.unsqueeze(-1))
+
+
+def _lower_cross_entropy_backward(ctx: Lowering, node: OpNode) -> None:
+    reduction, ignore_index = node.attrs
+    gn, xn, tn, ln, cn = node.inputs
+    x = ctx.input(xn)
+    out = ctx.output(node.outputs[0], x.tiling)
+    lead = x.tiling[:-1]
+    g = ctx.input(gn, lead) if reduction == NONE else ctx.input(gn)
+    t, lse, count = ctx.input(tn, lead), ctx.input(ln, lead), ctx.input(cn)
+    for idx in out.indices():
+        ri = idx[:-1]
+        k = Kernel(ce_grad_tile, reduction, ignore_index, x.offs[-1][idx[-1]])
+        ctx.task(k, [Arg(out, idx, W), Arg(g, ri if reduction == NONE else (), R), Arg(x, idx, R), Arg(t, ri, R),
+                     Arg(lse, ri, R), Arg(count, (), R)], "cross_entropy_backward")
+
+
+CROSS_ENTROPY_BACKWARD = Op("cross_entropy_backward", _lower_cross_entropy_backward,
+                            cost=lambda node: 2 * node.inputs[1].numel)
+
+
+def check_cross_entropy(x: DataNode, t: DataNode) -> None:
+    if not x.shape:
+        raise ValueError("cross_entropy: logits need a class dim (the last one); got a 0-dim tensor")
+    if t.shape != x.shape[:-1]:
+        raise ValueError(f"cross_entropy: labels of shape {list(t.shape)} do not match the leading dims "
+                         f"{list(x.shape[:-1])} of logits of shape {list(x.shape)}")
+    if t.dtype != torch.int64:
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {type_word(t.dtype)}")
+    if not x.dtype.is_floating_point:
+        raise NotNative("cross_entropy of logits that are not floating point")
+    if x.shape[-1] == 0:
+        raise NotNative("cross_entropy over no classes")
+
+
+def cross_entropy(x: DataNode, t: DataNode, reduction: int, ignore_index: int) -> tuple[DataNode, DataNode, DataNode]:
+    """Cross-entropy of ``[..., C]`` logits against ``[...]`` labels: the loss (per row for
+    ``NONE``), the rows' ``logsumexp`` and the number of labels not ignored."""
+    check_cross_entropy(x, t)
+    for a, b in zip(x.axes, t.axes):
+        union(a, b)
+    acc = acc_dtype(x.dtype)
+    lshape, laxes = (t.shape, t.axes) if reduction == NONE else ((), ())
+    return record(CROSS_ENTROPY, (x, t), (reduction, ignore_index),
+                  [(lshape, x.dtype, laxes), (t.shape, acc, t.axes), ((), acc, ())])  # type: ignore[return-value]
+
+
+def cross_entropy_backward(g: DataNode, x: DataNode, t: DataNode, lse: DataNode, count: DataNode, reduction: int,
+                           ignore_index: int) -> DataNode:
+    check_cross_entropy(x, t)
+    want = t.shape if reduction == NONE else ()
+    if g.shape != want:
+        raise RuntimeError(f"cross_entropy_backward: grad of shape {list(g.shape)}, expected {list(want)}")
+    for a, b in zip(g.axes, t.axes):
+        union(a, b)
+    return record(CROSS_ENTROPY_BACKWARD, (g, x, t, lse, count), (reduction, ignore_index),
+                  [(x.shape, x.dtype, x.axes)])[0]

@@ -48,7 +48,7 @@ def _softmax_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) 
 native.ROWS[softmax_tile] = native.ROWS[softmax_backward_tile] = _softmax_rows
 
 
-def _finite_max(m: torch.Tensor) -> torch.Tensor:
+def finite_max(m: torch.Tensor) -> torch.Tensor:
     """The maximum to subtract: 0 where a row is all -inf (so its exponentials are 0, not NaN)."""
     return m.masked_fill(m == -torch.inf, 0)
 
@@ -56,17 +56,17 @@ def _finite_max(m: torch.Tensor) -> torch.Tensor:
 def maxsumexp_partial(dim: int, m: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> None:
     tf = t.to(m.dtype)
     torch.amax(tf, dim, keepdim=True, out=m)
-    torch.sum(torch.exp(tf - _finite_max(m)), dim, keepdim=True, out=s)
+    torch.sum(torch.exp(tf - finite_max(m)), dim, keepdim=True, out=s)
 
 
 def maxsumexp_combine(m: torch.Tensor, s: torch.Tensor, *parts: torch.Tensor) -> None:
     ms, ss = stacked(parts, 2)
     torch.amax(ms, 0, out=m)
-    torch.sum(ss * torch.exp(ms - _finite_max(m)), 0, out=s)
+    torch.sum(ss * torch.exp(ms - finite_max(m)), 0, out=s)
 
 
 def softmax_apply(log: bool, o: torch.Tensor, t: torch.Tensor, m: torch.Tensor, s: torch.Tensor) -> None:
-    shifted = t.to(m.dtype) - _finite_max(m)
+    shifted = t.to(m.dtype) - finite_max(m)
     o.copy_(shifted - torch.log(s) if log else torch.exp(shifted) / s)
 
 
