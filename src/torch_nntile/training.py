@@ -1,7 +1,8 @@
-"""Training helpers: losses over logits of any rank and a whole training step.
+"""Training helpers: losses over logits of any rank, a whole training step, and
+optimizers (``SGD``, ``AdamW``) with one fused update op per parameter.
 
-They are plain PyTorch code, so they run the same on CPU and on nntile (where every
-op they use is native): use them beside ``torch.optim`` as usual.
+They run the same on CPU and on nntile (where every op they use is native): use them
+beside, or instead of, ``torch.optim`` as usual.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ import torch
 import torch.nn.functional as F
 
 import torch_nntile
+import torch_nntile.nn.functional as NF
 from torch_nntile.backend.device import DEVICE
+from torch_nntile.optim import SGD, AdamW
+
+__all__ = ["AdamW", "SGD", "cross_entropy", "mse_loss", "train_full_batch_step"]
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100, reduction: str = "mean",
@@ -26,6 +31,8 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"cross_entropy: labels of shape {list(labels.shape)} do not match the leading dims "
                          f"{list(logits.shape[:-1])} of logits of shape {list(logits.shape)}")
+    if label_smoothing == 0.0:  # one graph op forward and one backward
+        return NF.cross_entropy(logits, labels, ignore_index=ignore_index, reduction=reduction)
     flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=ignore_index,
                            reduction=reduction, label_smoothing=label_smoothing)
     return flat.reshape(labels.shape) if reduction == "none" else flat

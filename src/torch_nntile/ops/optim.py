@@ -1,0 +1,130 @@
+"""Fused optimizer updates: one graph op per parameter per step, one task per tile.
+
+An update reads the parameter, its gradient and its optimizer state (all of the
+parameter's shape) and writes the new parameter and state values. Every operand
+shares the parameter's axis groups (merged here, as elementwise ops merge theirs),
+so one task per tile updates all of them for that tile, without re-tiling.
+
+The update math is written once, out of place (``*_update(outs..., ins...)``): the
+tile kernels call it on tile views, and the CPU kernels of the ``torch_nntile::``
+ops call it with each output the input it replaces (in place). Its torch calls and
+their order are those of ``torch.optim``'s single-tensor SGD and AdamW, so results
+match them to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_nntile.graph.nodes import DataNode, OpNode
+from torch_nntile.kernels import Kernel
+from torch_nntile.ops.base import Op, broadcast_axes, kernel_name, record
+from torch_nntile.tiling.tiles import Arg, Lowering, R, W
+
+Tile = torch.Tensor
+
+
+def sgd_update(lr: float, momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
+               first: bool, p_out: Tile, buf_out: Tile | None, p: Tile, g: Tile, buf: Tile | None) -> None:
+    """``torch.optim.SGD``'s update; ``first``: the momentum buffer starts as the gradient
+    (``buf`` is not read)."""
+    g = g.neg() if maximize else g
+    if weight_decay != 0:
+        g = g.add(p, alpha=weight_decay)
+    if momentum != 0:
+        if first:
+            buf_out.copy_(g)
+        else:
+            torch.mul(buf, momentum, out=buf_out).add_(g, alpha=1 - dampening)
+        g = g.add(buf_out, alpha=momentum) if nesterov else buf_out
+    torch.add(p, g, alpha=-lr, out=p_out)
+
+
+def adamw_update(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, maximize: bool,
+                 step_size: float, bias_correction2_sqrt: float, p_out: Tile, m_out: Tile, v_out: Tile,
+                 vmax_out: Tile | None, p: Tile, g: Tile, m: Tile, v: Tile, vmax: Tile | None) -> None:
+    """``torch.optim.AdamW``'s update (decoupled weight decay; AMSGrad when ``vmax`` is
+    given), with the host's bias corrections: ``step_size = lr / (1 - beta1**step)``."""
+    in_place = p_out is p
+    if p.is_complex():  # as torch.optim: real and imaginary parts are separate entries
+        p_out, m_out, v_out, p, g, m, v = (torch.view_as_real(t) for t in (p_out, m_out, v_out, p, g, m, v))
+        if vmax is not None:
+            vmax_out, vmax = torch.view_as_real(vmax_out), torch.view_as_real(vmax)
+    g = g.neg() if maximize else g
+    if weight_decay != 0:
+        torch.mul(p, 1 - lr * weight_decay, out=p_out)
+    elif not in_place:
+        p_out.copy_(p)
+    torch.lerp(m, g, 1 - beta1, out=m_out)
+    torch.mul(v, beta2, out=v_out).addcmul_(g, g, value=1 - beta2)
+    if vmax is not None:
+        torch.maximum(vmax, v_out, out=vmax_out)
+        v_out = vmax_out
+    denom = (v_out.sqrt() / bias_correction2_sqrt).add_(eps)
+    p_out.addcdiv_(m_out, denom, value=-step_size)
+
+
+# -- tile kernels: the task's tiles are the outputs, then the inputs --------------------
+
+
+def sgd_tile(lr: float, momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
+             first: bool, *tiles: Tile) -> None:
+    if momentum == 0:
+        p_out, p, g = tiles
+        sgd_update(lr, momentum, dampening, weight_decay, nesterov, maximize, first, p_out, None, p, g, None)
+        return
+    p_out, buf_out, p, g, *buf = tiles
+    sgd_update(lr, momentum, dampening, weight_decay, nesterov, maximize, first, p_out, buf_out, p, g,
+               buf[0] if buf else None)
+
+
+def adamw_tile(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
+               maximize: bool, step_size: float, bias_correction2_sqrt: float, *tiles: Tile) -> None:
+    n = 4 if amsgrad else 3
+    outs, ins = list(tiles[:n]), list(tiles[n:])
+    if not amsgrad:
+        outs.append(None)
+        ins.append(None)
+    adamw_update(lr, beta1, beta2, eps, weight_decay, maximize, step_size, bias_correction2_sqrt, *outs, *ins)
+
+
+# -- the graph op --------------------------------------------------------------------
+
+
+def _lower_update(ctx: Lowering, node: OpNode) -> None:
+    kernel, name = node.attrs
+    ins = [ctx.input(n) for n in node.inputs]  # one tiling for all: their groups are merged
+    outs = [ctx.output(n) for n in node.outputs]
+    for idx in outs[0].indices():
+        ctx.task(kernel, [Arg(o, idx, W) for o in outs] + [Arg(a, idx, R) for a in ins], name)
+
+
+UPDATE = Op("update", _lower_update, kernel_name)
+"""An optimizer's update of one parameter: ``attrs = (kernel, name)``; the kernel takes
+the output tiles, then the input tiles, of one tile index."""
+
+
+def update(name: str, kernel: Kernel, inputs: list[DataNode], n_out: int) -> tuple[DataNode, ...]:
+    """Record ``kernel`` over ``inputs`` (the parameter first; all of its shape and dtype),
+    giving ``n_out`` new values of the first input's shape, dtype and axis groups."""
+    shape, axes = broadcast_axes(inputs)
+    return record(UPDATE, tuple(inputs), (kernel, name), [(shape, inputs[0].dtype, axes)] * n_out)
+
+
+def sgd_step(p: DataNode, g: DataNode, buf: DataNode | None, lr: float, momentum: float, dampening: float,
+             weight_decay: float, nesterov: bool, maximize: bool, first: bool) -> tuple[DataNode, ...]:
+    """New parameter (and momentum buffer, when ``momentum``); ``buf`` is read unless ``first``."""
+    kernel = Kernel(sgd_tile, lr, momentum, dampening, weight_decay, nesterov, maximize, first)
+    ins = [p, g] + ([buf] if momentum != 0 and not first else [])
+    return update("sgd_step", kernel, ins, 2 if momentum != 0 else 1)
+
+
+def adamw_step(p: DataNode, g: DataNode, m: DataNode, v: DataNode, vmax: DataNode | None, lr: float, beta1: float,
+               beta2: float, eps: float, weight_decay: float, maximize: bool, step_size: float,
+               bias_correction2_sqrt: float) -> tuple[DataNode, ...]:
+    """New parameter, ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq`` with AMSGrad)."""
+    amsgrad = vmax is not None
+    kernel = Kernel(adamw_tile, lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, step_size,
+                    bias_correction2_sqrt)
+    ins = [p, g, m, v] + ([vmax] if amsgrad else [])
+    return update("adamw_step", kernel, ins, len(ins) - 1)
