@@ -1,9 +1,24 @@
-"""Reference models built from stock ``torch.nn`` layers (no transformers needed)."""
+"""Models built from ``torch_nntile.nn`` layers: no ``transformers`` needed to import.
+
+``GPT2`` and ``Llama`` compute what HF's ``GPT2LMHeadModel`` and ``LlamaForCausalLM``
+compute (without dropout, caches or padding masks: a causal LM over full sequences,
+as training uses), with attention projections in our head layout
+(``weight_layout``). ``from_hf(model)`` builds one from an HF model (its config is
+read by attribute name) and ``hf_state_dict()`` writes the weights back for HF.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
 import torch
 from torch import nn
+
+from torch_nntile.nn import functional as F
+from torch_nntile.nn import weight_layout
+from torch_nntile.nn.module import GELU, SDPA, Embedding, LayerNorm, Linear, ReLU, RMSNorm, SiLU
 
 
 class DeepReLU(nn.Sequential):
@@ -16,10 +31,244 @@ class DeepReLU(nn.Sequential):
         dims = [in_features] + [hidden] * (depth - 1) + [out_features]
         layers: list[nn.Module] = []
         for i in range(depth):
-            layers.append(nn.Linear(dims[i], dims[i + 1], bias=False))
+            layers.append(Linear(dims[i], dims[i + 1], bias=False))
             if i < depth - 1:
-                layers.append(nn.ReLU())
+                layers.append(ReLU())
         super().__init__(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x)
+
+
+def _from_config(cls: type, config: Any, renames: dict[str, tuple[str, ...]]) -> Any:
+    """A dataclass ``cls`` from an HF config object: each field from the first of its
+    HF attribute names (``renames``, else its own name) that the config has set."""
+    values = {}
+    for f in fields(cls):
+        for attr in renames.get(f.name, (f.name,)):
+            v = getattr(config, attr, None)
+            if v is not None:
+                values[f.name] = v
+                break
+    return cls(**values)
+
+
+class Attention(nn.Module):
+    """Causal self-attention: projections to the ``[batch, seq, head_size, heads]`` layout,
+    optional rotary embedding of q and k, ``sdpa``, output projection."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_size: int, bias: bool, out_bias: bool,
+                 scale: float | None = None) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"{n_heads} attention heads do not split into groups of {n_kv_heads} key/value heads")
+        self.n_heads, self.n_kv_heads, self.head_size = n_heads, n_kv_heads, head_size
+        self.q = Linear(dim, n_heads * head_size, bias=bias)
+        self.k = Linear(dim, n_kv_heads * head_size, bias=bias)
+        self.v = Linear(dim, n_kv_heads * head_size, bias=bias)
+        self.o = Linear(n_heads * head_size, dim, bias=out_bias)
+        self.sdpa = SDPA(is_causal=True, scale=scale)
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        q = self.q(x).view(b, s, self.head_size, self.n_heads)
+        k = self.k(x).view(b, s, self.head_size, self.n_kv_heads)
+        v = self.v(x).view(b, s, self.head_size, self.n_kv_heads)
+        if rotary is not None:
+            q, k = F.rope(q, *rotary), F.rope(k, *rotary)
+        return self.o(self.sdpa(q, k, v).reshape(b, s, self.n_heads * self.head_size))
+
+
+# -- GPT-2 ---------------------------------------------------------------------
+
+_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
+
+
+@dataclass
+class GPT2Config:
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None
+    layer_norm_epsilon: float = 1e-5
+    activation_function: str = "gelu_new"
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+
+    @classmethod
+    def from_hf(cls, config: Any) -> GPT2Config:
+        return _from_config(cls, config, {})
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, c: GPT2Config, layer: int) -> None:
+        super().__init__()
+        if c.activation_function not in _ACTIVATIONS:
+            raise ValueError(f"GPT2: activation {c.activation_function!r} is not one of {sorted(_ACTIVATIONS)}")
+        head_size = c.n_embd // c.n_head
+        scale = 1 / math.sqrt(head_size) if c.scale_attn_weights else 1.0
+        if c.scale_attn_by_inverse_layer_idx:
+            scale /= layer + 1
+        inner = c.n_inner or 4 * c.n_embd
+        self.ln_1 = LayerNorm(c.n_embd, eps=c.layer_norm_epsilon)
+        self.attn = Attention(c.n_embd, c.n_head, c.n_head, head_size, bias=True, out_bias=True, scale=scale)
+        self.ln_2 = LayerNorm(c.n_embd, eps=c.layer_norm_epsilon)
+        self.mlp = nn.Sequential()
+        self.mlp.add_module("fc", Linear(c.n_embd, inner))
+        self.mlp.add_module("act", GELU(approximate=_ACTIVATIONS[c.activation_function]))
+        self.mlp.add_module("proj", Linear(inner, c.n_embd))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    """GPT-2 with its LM head (tied to the token embedding): ``forward(ids [batch, seq])``
+    returns logits ``[batch, seq, vocab]``."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__()
+        if config.n_embd % config.n_head:
+            raise ValueError(f"GPT2: n_embd {config.n_embd} is not a multiple of n_head {config.n_head}")
+        self.config = config
+        self.wte = Embedding(config.vocab_size, config.n_embd)
+        self.wpe = Embedding(config.n_positions, config.n_embd)
+        self.blocks = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
+        self.ln_f = LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        s = ids.shape[-1]
+        if s > self.config.n_positions:
+            raise ValueError(f"GPT2: sequence of {s} tokens is longer than n_positions {self.config.n_positions}")
+        x = self.wte(ids) + self.wpe(torch.arange(s, device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+    @classmethod
+    def from_hf(cls, model: nn.Module) -> GPT2:
+        """Our GPT-2 with the weights of an HF ``GPT2LMHeadModel`` (copied, on its device)."""
+        ours = cls(GPT2Config.from_hf(model.config)).to(next(model.parameters()).device)
+        ours.load_hf_state_dict(model.state_dict())
+        return ours
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        self.load_state_dict(weight_layout.gpt2_from_hf(sd, self.config.n_head))
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights as ``GPT2LMHeadModel.load_state_dict`` takes them."""
+        return weight_layout.gpt2_to_hf(self.state_dict(), self.config.n_head)
+
+
+# -- Llama ---------------------------------------------------------------------
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+
+    @classmethod
+    def from_hf(cls, config: Any) -> LlamaConfig:
+        c = _from_config(cls, config, {})
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"Llama: rope type {rope['rope_type']!r} is not supported (only the default)")
+        if "rope_theta" in rope:
+            c.rope_theta = float(rope["rope_theta"])
+        return c
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, c: LlamaConfig) -> None:
+        super().__init__()
+        if c.hidden_act != "silu":
+            raise ValueError(f"Llama: activation {c.hidden_act!r} is not supported (only silu)")
+        head_size = c.head_dim or c.hidden_size // c.num_attention_heads
+        self.attn_norm = RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads,
+                              head_size, bias=c.attention_bias, out_bias=c.attention_bias, scale=head_size ** -0.5)
+        self.mlp_norm = RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.mlp = nn.Module()
+        self.mlp.gate = Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.mlp.up = Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.mlp.down = Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        self.mlp.act = SiLU()
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rotary)
+        h = self.mlp_norm(x)
+        return x + self.mlp.down(self.mlp.act(self.mlp.gate(h)) * self.mlp.up(h))
+
+
+class Llama(nn.Module):
+    """Llama causal LM: ``forward(ids [batch, seq])`` returns logits ``[batch, seq, vocab]``."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.head_size = config.head_dim or config.hidden_size // config.num_attention_heads
+        self.embed = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._rotary: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rotary(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[seq, head_size]`` of the default rotary embedding, computed on the
+        CPU as HF computes them (kept per length and device: constants of the model)."""
+        key = (seq, torch.device(device))
+        if key not in self._rotary:
+            d = self.head_size
+            inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+            freqs = torch.arange(seq).float()[:, None] * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rotary[key] = (emb.cos().to(device), emb.sin().to(device))
+        return self._rotary[key]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rotary = self.rotary(ids.shape[-1], ids.device)
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x, rotary)
+        x = self.norm(x)
+        return F.linear(x, self.embed.weight if self.lm_head is None else self.lm_head.weight)
+
+    @classmethod
+    def from_hf(cls, model: nn.Module) -> Llama:
+        """Our Llama with the weights of an HF ``LlamaForCausalLM`` (copied, on its device)."""
+        ours = cls(LlamaConfig.from_hf(model.config)).to(next(model.parameters()).device)
+        ours.load_hf_state_dict(model.state_dict())
+        return ours
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        c = self.config
+        ours = weight_layout.llama_from_hf(sd, c.num_attention_heads, c.num_key_value_heads)
+        if self.lm_head is None:
+            ours.pop("lm_head.weight", None)
+        self.load_state_dict(ours)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights as ``LlamaForCausalLM.load_state_dict`` takes them."""
+        c = self.config
+        sd = weight_layout.llama_to_hf(self.state_dict(), c.num_attention_heads, c.num_key_value_heads)
+        if self.lm_head is None:
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+        return sd
+
+
+__all__ = ["DeepReLU", "GPT2", "GPT2Config", "Llama", "LlamaConfig", "Attention"]

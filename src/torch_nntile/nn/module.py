@@ -1,0 +1,75 @@
+"""``nn.Module`` layers over ``torch_nntile.nn.functional``.
+
+Each subclasses the matching ``torch.nn`` layer, so parameters, their names,
+initialisation and ``repr`` are PyTorch's and state dicts load either way; only
+``forward`` differs: it calls our functions, whose forward and backward each record
+one tiled graph op on nntile (and run eagerly on CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torch_nntile.nn import functional as F
+
+
+class Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReLU(nn.ReLU):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x)
+
+
+class GELU(nn.GELU):
+    """``approximate="tanh"`` is GPT-2's ``gelu_new``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelutanh(x) if self.approximate == "tanh" else F.gelu(x)
+
+
+class SiLU(nn.SiLU):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x)
+
+
+class LayerNorm(nn.LayerNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.RMSNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class Embedding(nn.Embedding):
+    """Without ``padding_idx``, ``max_norm`` or sparse gradients (they raise)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, **kw: object) -> None:
+        for option, unset in (("padding_idx", None), ("max_norm", None), ("sparse", False)):
+            if kw.get(option, unset) is not unset:
+                raise ValueError(f"torch_nntile.nn.Embedding does not support {option}")
+        super().__init__(num_embeddings, embedding_dim, **kw)  # type: ignore[arg-type]
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        return F.embedding(indices, self.weight)
+
+
+class SDPA(nn.Module):
+    """Scaled dot-product attention over projections in the layout
+    ``[batch, seq, head_size, n_heads]`` (see ``functional.sdpa``)."""
+
+    def __init__(self, is_causal: bool = False, scale: float | None = None) -> None:
+        super().__init__()
+        self.is_causal = is_causal
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.sdpa(q, k, v, is_causal=self.is_causal, scale=self.scale)
+
+    def extra_repr(self) -> str:
+        return f"is_causal={self.is_causal}, scale={self.scale}"
