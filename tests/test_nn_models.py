@@ -178,7 +178,8 @@ def test_model_config_errors():
     (lambda: M.LayerNorm(6), (4, 6)),
     (lambda: M.RMSNorm(6, eps=1e-6), (3, 4, 6)),
 ])
-def test_modules_match_torch(make, shape):
+@pytest.mark.parametrize("tiled", [False, True])
+def test_modules_match_torch(make, shape, tiled):
     torch.manual_seed(0)
     ours = make()
     with torch.no_grad():
@@ -193,7 +194,12 @@ def test_modules_match_torch(make, shape):
     want = ref(xc)
     want.square().sum().backward()
     dev = ours.to("nntile")
-    xd = x.to("nntile").requires_grad_()
+    xd = x.to("nntile")
+    if tiled:  # uneven tiles on the leading dim, and on the feature dim (which norms need whole)
+        torch_nntile.set_axis_group_name(xd, {0: "lead", -1: "features"})
+        torch_nntile.set_axis_group_tiling("lead", [1, shape[0] - 1])
+        torch_nntile.set_axis_group_tiling("features", [4, 2])
+    xd.requires_grad_()
     got = dev(xd)
     got.square().sum().backward()
     assert_close(got.cpu(), want)
@@ -202,13 +208,23 @@ def test_modules_match_torch(make, shape):
         assert_close(p.grad.cpu(), q.grad)
 
 
-def test_embedding_module_and_options():
+def test_embedding_and_sdpa_modules():
     torch.manual_seed(0)
     emb = M.Embedding(10, 4)
     ids = torch.tensor([[1, 2, 9], [0, 0, 3]])
     want = TF.embedding(ids, emb.weight)
-    got = emb.to("nntile")(ids.to("nntile"))
+    want.square().sum().backward()
+    dev = M.Embedding(10, 4).to("nntile")
+    with torch.no_grad():
+        dev.weight.copy_(emb.weight.detach().to("nntile"))
+    got = dev(ids.to("nntile"))
+    got.square().sum().backward()
     assert_close(got.cpu(), want.detach())
+    assert_close(dev.weight.grad.cpu(), emb.weight.grad)
+    q, k, v = (torch.randn(2, 5, 4, 3) for _ in range(3))  # [batch, seq, head_size, heads]
+    want = TF.scaled_dot_product_attention(*(t.permute(0, 3, 1, 2) for t in (q, k, v)), is_causal=True)
+    got = M.SDPA(is_causal=True)(*(t.to("nntile") for t in (q, k, v)))
+    assert_close(got.cpu(), want.permute(0, 2, 3, 1))
     with pytest.raises(ValueError, match="padding_idx"):
         M.Embedding(10, 4, padding_idx=0)
 
