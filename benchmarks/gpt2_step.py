@@ -1,71 +1,98 @@
-"""One training step of a small stock HuggingFace GPT-2 (GPT2LMHeadModel built from a
-config: 2 layers, 128 dims, 4 heads, vocabulary 1000, tied embeddings, eager attention,
-no dropout; batch 8, sequence 64), the loss computed by the model from ``labels``,
-``torch.optim.AdamW``: nntile on StarPU and CPU eager, timed side by side in one process.
+"""One training step of a stock HuggingFace GPT-2 (GPT2LMHeadModel built from a config:
+tied embeddings, eager attention, no dropout), the loss computed by the model from
+``labels``, ``torch.optim.AdamW``: nntile on StarPU and CPU eager, timed side by side
+in one process. ``--size`` picks the model:
+
+  small (default): 2 layers, n_embd 128, 4 heads, vocabulary 1000, batch 8, sequence 64,
+                   untiled, 20 timed steps
+  medium:          4 layers, n_embd 512, 8 heads, vocabulary 8192, batch 8, sequence 256,
+                   tiled hidden 64 (one tile a head) and vocab 2048, 10 timed steps
 
 As in ``mlp_step.py``: ``loss.item()`` on nntile returns once the loss is known while
 the step's backward and update go on, so steps are timed in blocks of ``--block``
 consecutive steps, the nntile block ending with ``torch_nntile.wait()``; blocks of the
 two sides alternate (which side goes first swaps every block) so that machine noise
-hits both alike. Prints the median step time of each (warm-up excluded) and, last,
-``ratio nntile/cpu: X.XX``.
+hits both alike. Prints the median step time of each (warm-up excluded), the arithmetic
+floor (``floor ms``, ``nntile/floor``), each side's peak resident memory (``peak rss
+MiB``, each side in its own process: see ``_common.py``) and, last, ``ratio nntile/cpu``.
 
-Tiling (``--tile-*``, a size or a comma-separated list of sizes): the axis groups are
-named from the inputs and the weights: ``batch`` and ``seq`` (dims 0 and 1 of
-``input_ids``, and of the embedding's output, named by a forward hook: the embedding
-gathers rows by the flattened ids, so names on the ids do not reach the hidden
+Multiply-adds of a step (batch b, sequence s, n_embd E, heads h of size d = E / h,
+vocabulary V, L layers): per layer the qkv projection b*s*E*3E, the output projection
+b*s*E*E, the MLP 2 * b*s*E*4E, the attention scores and values b*h*s*s*d each (eager
+attention computes all s*s scores; the causal mask is applied after); the LM head
+b*s*E*V. The backward computes two products the size of each forward one (grad input,
+grad weight or the other operand; every input needs its gradient since the embedding
+is trained), so a step is 3 * (L * (12*b*s*E^2 + 2*b*h*s*s*d) + b*s*E*V).
+
+Tiling (``--tile-*``, a size, a comma-separated list of sizes or ``none``; a preset's
+tilings apply to the groups not given): the axis groups are named from the inputs and
+the weights, as the README's HuggingFace section advises: ``batch`` and ``seq`` (dims 0
+and 1 of ``input_ids``, and of the embedding's output, named by a forward hook: the
+embedding gathers rows by the flattened ids, so names on the ids do not reach the hidden
 states), ``vocab`` and ``hidden`` (dims 0 and 1 of ``wte.weight``).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
-import time
+import sys
+from dataclasses import dataclass, field
 
 import torch
 import transformers as hf
+from _common import add_common_args, alternate, mm_rate, peak_rss, print_figures, rss_side
 
 import torch_nntile
 
 hf.logging.set_verbosity_error()
 
+Tiling = int | list[int] | None
 
-def gpt2() -> torch.nn.Module:
-    cfg = hf.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=64, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+
+@dataclass(frozen=True)
+class Preset:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    vocab: int
+    seq: int
+    batch: int
+    steps: int
+    tilings: dict[str, Tiling] = field(default_factory=dict)
+
+
+PRESETS = {
+    "small": Preset(n_layer=2, n_embd=128, n_head=4, vocab=1000, seq=64, batch=8, steps=20),
+    "medium": Preset(n_layer=4, n_embd=512, n_head=8, vocab=8192, seq=256, batch=8, steps=10,
+                     tilings={"hidden": 64, "vocab": 2048}),
+}
+
+
+def gpt2(p: Preset) -> torch.nn.Module:
+    cfg = hf.GPT2Config(n_layer=p.n_layer, n_embd=p.n_embd, n_head=p.n_head, vocab_size=p.vocab, n_positions=p.seq,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
                         tie_word_embeddings=True, attn_implementation="eager")
     torch.manual_seed(0)
     return hf.GPT2LMHeadModel(cfg)
 
 
-def _step(model, opt, ids) -> float:
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.item()  # on nntile this flushes and waits for the loss
+def step_macs(p: Preset) -> int:
+    """Multiply-adds of one training step (the formula in the module docstring)."""
+    bs, e = p.batch * p.seq, p.n_embd
+    attention = 2 * p.batch * p.n_head * p.seq * p.seq * (e // p.n_head)
+    return 3 * (p.n_layer * (12 * bs * e * e + attention) + bs * e * p.vocab)
 
 
-def _timed_block(model, opt, ids, n: int) -> float:
-    """Seconds per step over ``n`` consecutive steps, all their work finished."""
-    t0 = time.perf_counter()
-    for _ in range(n):
-        _step(model, opt, ids)
-    if ids.device.type == "nntile":
-        torch_nntile.wait()
-    return (time.perf_counter() - t0) / n
-
-
-def _tiling(text: str | None) -> int | list[int] | None:
-    if text is None:
-        return None
+def _tiling(text: str | None) -> Tiling | str:
+    """A ``--tile-*`` value: None when not given, "none" for untiled."""
+    if text is None or text == "none":
+        return text
     sizes = [int(s) for s in text.split(",")]
     return sizes[0] if len(sizes) == 1 else sizes
 
 
-def tile(model: torch.nn.Module, ids: torch.Tensor, tilings: dict[str, int | list[int] | None]) -> None:
+def tile(model: torch.nn.Module, ids: torch.Tensor, tilings: dict[str, Tiling]) -> None:
     """Name the axis groups of a GPT-2 on nntile and tile those given a tiling."""
     wte = model.get_input_embeddings()
     torch_nntile.set_axis_group_name(ids, {0: "batch", 1: "seq"})
@@ -76,47 +103,67 @@ def tile(model: torch.nn.Module, ids: torch.Tensor, tilings: dict[str, int | lis
             torch_nntile.set_axis_group_tiling(name, t)
 
 
+def make_side(device: str, p: Preset, tilings: dict[str, Tiling]):
+    """One side's training step as a callable returning the loss, the same weights and data on both."""
+    model = gpt2(p).to(device)
+    ids = torch.randint(0, p.vocab, (p.batch, p.seq), generator=torch.Generator().manual_seed(1)).to(device)
+    if device == "nntile":
+        tile(model, ids, tilings)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> float:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()  # on nntile this flushes and waits for the loss
+
+    return step
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per side (at least 10)")
+    ap.add_argument("--size", choices=sorted(PRESETS), default="small", help="model preset (default small)")
+    ap.add_argument("--steps", type=int, help="timed steps per side, at least 10 (default: the preset's)")
     ap.add_argument("--block", type=int, default=2, help="consecutive steps timed together")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ncpu", type=int, default=2)
     ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
     ap.add_argument("--cpu-fallback", action="store_true", help="run the ops nntile lacks on the CPU")
-    ap.add_argument("--tile-batch", help="tile size(s) of the batch axis group (extent 8)")
-    ap.add_argument("--tile-seq", help="tile size(s) of the sequence axis group (extent 64)")
-    ap.add_argument("--tile-hidden", help="tile size(s) of the hidden axis group (extent 128)")
-    ap.add_argument("--tile-vocab", help="tile size(s) of the vocabulary axis group (extent 1000)")
+    for group, extent in (("batch", "8"), ("seq", "64 small, 256 medium"), ("hidden", "128 small, 512 medium"),
+                          ("vocab", "1000 small, 8192 medium")):
+        ap.add_argument(f"--tile-{group}", help=f"tile size(s) of the {group} axis group (extent {extent}), or none")
     ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
+    add_common_args(ap)
     args = ap.parse_args()
-    if args.steps < 10:
+    preset = PRESETS[args.size]
+    steps = preset.steps if args.steps is None else args.steps
+    if steps < 10:
         ap.error("--steps must be at least 10")
+    tilings: dict[str, Tiling] = {}
+    for group in ("batch", "seq", "hidden", "vocab"):
+        given = _tiling(getattr(args, f"tile_{group}"))
+        tilings[group] = preset.tilings.get(group) if given is None else None if given == "none" else given
 
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=args.cpu_fallback, scheduler=args.scheduler)
-    cpu_model = gpt2()
-    dev_model = copy.deepcopy(cpu_model).to("nntile")
-    ids = torch.randint(0, 1000, (8, 64), generator=torch.Generator().manual_seed(1))
-    idn = ids.to("nntile")
-    tilings = {"batch": _tiling(args.tile_batch), "seq": _tiling(args.tile_seq),
-               "hidden": _tiling(args.tile_hidden), "vocab": _tiling(args.tile_vocab)}
-    tile(dev_model, idn, tilings)
-
-    cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=1e-3)
-    dev_opt = torch.optim.AdamW(dev_model.parameters(), lr=1e-3)
+    rate = mm_rate(args.mm_size) if args.rss_side is None else 0.0  # eager's threads, before the timed steps
+    if args.rss_side is not None:
+        rss_side(make_side(args.rss_side, preset, tilings), args.warmup, args.rss_steps, args.rss_side == "nntile")
+        torch_nntile.shutdown_context()
+        return
+    cpu_step = make_side("cpu", preset, tilings)
+    dev_step = make_side("nntile", preset, tilings)
     for _ in range(args.warmup):
-        want, got = _step(cpu_model, cpu_opt, ids), _step(dev_model, dev_opt, idn)
+        want, got = cpu_step(), dev_step()
     torch_nntile.wait()
     print(f"loss after warm-up: cpu {want:.6f}, nntile {got:.6f}")
     torch_nntile.reset_info()
-    cpu_t, dev_t = [], []
-    for i in range(max(1, args.steps // args.block)):
-        sides = [(cpu_t, (cpu_model, cpu_opt, ids)), (dev_t, (dev_model, dev_opt, idn))]
-        for times, a in (sides if i % 2 == 0 else sides[::-1]):
-            times.append(_timed_block(*a, args.block))
+    cpu_t, dev_t = alternate(cpu_step, dev_step, steps, args.block)
     cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
     nsteps = len(cpu_t) * args.block
     tiled = ", ".join(f"{k} {v}" for k, v in tilings.items() if v is not None) or "untiled"
+    print(f"GPT-2 {args.size}: {preset.n_layer} layers, n_embd {preset.n_embd}, {preset.n_head} heads, "
+          f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW")
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
     print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block}; {tiled})")
@@ -127,6 +174,8 @@ def main() -> None:
     if args.report:
         print(torch_nntile.format_info())
         print(torch_nntile.metrics_report())
+    rss = peak_rss(sys.argv[0], sys.argv[1:]) if args.rss_steps > 0 else None
+    print_figures(step_macs(preset), rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
     print(f"ratio nntile/cpu: {dev_med / cpu_med:.2f}")
     torch_nntile.shutdown_context()
 

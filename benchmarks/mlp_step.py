@@ -6,44 +6,62 @@ update) keeps running while the next step is recorded. A step's own time is then
 not observable, so both sides are timed in blocks of ``--block`` consecutive steps,
 the nntile block ending with ``torch_nntile.wait()``; a step's time is its block's
 time over the block size. Blocks alternate between the two sides so that machine
-noise hits both alike. Prints the median step time of each (warm-up excluded) and,
-last, the ratio.
+noise hits both alike. Prints the median step time of each (warm-up excluded), the
+arithmetic floor (``floor ms``, ``nntile/floor``), the peak resident memory of each
+side (``peak rss MiB``, each side in its own process: see ``_common.py``) and, last,
+``ratio nntile/cpu``.
+
+Multiply-adds of a step, from the weights' shapes (``W_i`` is ``d_{i+1} x d_i``, batch
+``b``): forward ``b * sum_i d_i * d_{i+1}``; backward twice that (grad input and grad
+weight, one product each of the forward's size) except the first layer's grad input,
+which autograd skips (the input needs no gradient): ``3 * fwd - b * d_0 * d_1``.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
-import time
+import sys
 
 import torch
 import torch.nn.functional as F
+from _common import add_common_args, alternate, mm_rate, peak_rss, print_figures, rss_side
 
 import torch_nntile
 from torch_nntile.nn.model import DeepReLU
 
 
-def _step(model, opt, x, y) -> float:
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.item()  # on nntile this flushes and waits for the loss
+def step_macs(model: torch.nn.Module, batch: int) -> int:
+    """Multiply-adds of one training step (the formula in the module docstring)."""
+    shapes = [p.shape for p in model.parameters()]  # (out, in) per Linear, input first
+    fwd = sum(batch * i * o for o, i in shapes)
+    return 3 * fwd - batch * shapes[0][1] * shapes[0][0]
 
 
-def _timed_block(model, opt, x, y, n: int) -> float:
-    """Seconds per step over ``n`` consecutive steps, all their work finished."""
-    t0 = time.perf_counter()
-    for _ in range(n):
-        _step(model, opt, x, y)
-    if x.device.type == "nntile":
-        torch_nntile.wait()
-    return (time.perf_counter() - t0) / n
+def make_side(device: str, args: argparse.Namespace):
+    """Model, optimizer and one step's callable of one side, the same weights and data on both."""
+    torch.manual_seed(0)
+    model = DeepReLU(784, 1024, 10, depth=5).to(device)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(args.batch, 784, generator=gen).to(device)
+    y = torch.randint(0, 10, (args.batch,), generator=gen).to(device)
+    if device == "nntile":
+        torch_nntile.set_axis_group_name(x, {0: "batch"})
+        torch_nntile.set_axis_group_tiling("batch", args.tile)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> float:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()  # on nntile this flushes and waits for the loss
+
+    return model, step
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=50, help="timed steps per side")
     ap.add_argument("--block", type=int, default=5, help="consecutive steps timed together")
     ap.add_argument("--warmup", type=int, default=3)
@@ -53,31 +71,24 @@ def main() -> None:
     ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
     ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
     ap.add_argument("--trace", metavar="PATH", help="write a Chrome trace of one extra nntile step")
+    add_common_args(ap)
     args = ap.parse_args()
 
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=False, scheduler=args.scheduler)
-    torch.manual_seed(0)
-    cpu_model = DeepReLU(784, 1024, 10, depth=5)
-    dev_model = copy.deepcopy(cpu_model).to("nntile")
-    x = torch.randn(args.batch, 784)
-    y = torch.randint(0, 10, (args.batch,))
-    xn, yn = x.to("nntile"), y.to("nntile")
-    torch_nntile.set_axis_group_name(xn, {0: "batch"})
-    torch_nntile.set_axis_group_tiling("batch", args.tile)
-
-    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.01)
-    dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.01)
+    rate = mm_rate(args.mm_size) if args.rss_side is None else 0.0  # eager's threads, before the timed steps
+    if args.rss_side is not None:
+        _, step = make_side(args.rss_side, args)
+        rss_side(step, args.warmup, args.rss_steps, args.rss_side == "nntile")
+        torch_nntile.shutdown_context()
+        return
+    cpu_model, cpu_step = make_side("cpu", args)
+    _, dev_step = make_side("nntile", args)
     for _ in range(args.warmup):
-        _step(cpu_model, cpu_opt, x, y)
-        _step(dev_model, dev_opt, xn, yn)
+        cpu_step()
+        dev_step()
     torch_nntile.wait()
     torch_nntile.reset_info()
-    # Alternate blocks; swap which side goes first every other pair of blocks.
-    cpu_t, dev_t = [], []
-    for i in range(max(1, args.steps // args.block)):
-        sides = [(cpu_t, (cpu_model, cpu_opt, x, y)), (dev_t, (dev_model, dev_opt, xn, yn))]
-        for times, a in (sides if i % 2 == 0 else sides[::-1]):
-            times.append(_timed_block(*a, args.block))
+    cpu_t, dev_t = alternate(cpu_step, dev_step, args.steps, args.block)
     cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     nsteps = len(cpu_t) * args.block
@@ -89,8 +100,10 @@ def main() -> None:
         print(torch_nntile.metrics_report())
     if args.trace:
         with torch_nntile.trace(args.trace):
-            _step(dev_model, dev_opt, xn, yn)
+            dev_step()
         print(f"trace of one step written to {args.trace}")
+    rss = peak_rss(sys.argv[0], sys.argv[1:]) if args.rss_steps > 0 else None
+    print_figures(step_macs(cpu_model, args.batch), rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
     print(f"ratio nntile/cpu: {dev_med / cpu_med:.2f}")
     torch_nntile.shutdown_context()
 

@@ -38,7 +38,25 @@ def _scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
-class SGD(torch.optim.Optimizer):
+class _FusedOptimizer(torch.optim.Optimizer):
+    """The step both optimizers share: the closure, then ``_group_step`` per group."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One update of every parameter that has a gradient; returns ``closure()``'s loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            self._group_step(group)
+        return loss
+
+    def _group_step(self, group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class SGD(_FusedOptimizer):
     """``torch.optim.SGD`` (momentum, dampening, weight decay, Nesterov, maximize) with
     one ``torch_nntile::sgd_step`` per parameter per step. Sparse gradients take
     ``torch.optim``'s own sparse path."""
@@ -62,32 +80,24 @@ class SGD(torch.optim.Optimizer):
             group.setdefault("nesterov", False)
             group.setdefault("maximize", False)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every parameter that has a gradient; returns ``closure()``'s loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, momentum, dampening = _number(group["lr"]), float(group["momentum"]), float(group["dampening"])
-            weight_decay, nesterov, maximize = _number(group["weight_decay"]), group["nesterov"], group["maximize"]
-            for p in group["params"]:
-                grad = p.grad
-                if grad is None:
-                    continue
-                if grad.is_sparse:
-                    self._sparse_step(p, group)
-                    continue
-                buf, first = None, False
-                if momentum != 0:  # as torch.optim: no state without momentum
-                    state = self.state[p]
-                    buf = state.get("momentum_buffer")
-                    first = buf is None
-                    if first:  # the op starts it as the gradient
-                        buf = state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.preserve_format)
-                table_optim.sgd_step(p, grad, buf, lr, momentum, dampening, weight_decay, nesterov, maximize, first)
-        return loss
+    def _group_step(self, group: dict[str, Any]) -> None:
+        lr, momentum, dampening = _number(group["lr"]), float(group["momentum"]), float(group["dampening"])
+        weight_decay, nesterov, maximize = _number(group["weight_decay"]), group["nesterov"], group["maximize"]
+        for p in group["params"]:
+            grad = p.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                self._sparse_step(p, group)
+                continue
+            buf, first = None, False
+            if momentum != 0:  # as torch.optim: no state without momentum
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                first = buf is None
+                if first:  # the op starts it as the gradient
+                    buf = state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.preserve_format)
+            table_optim.sgd_step(p, grad, buf, lr, momentum, dampening, weight_decay, nesterov, maximize, first)
 
     def _sparse_step(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         """``torch.optim.SGD``'s update for a sparse gradient (it has no fused form)."""
@@ -99,7 +109,7 @@ class SGD(torch.optim.Optimizer):
             self.state[p]["momentum_buffer"] = bufs[0]
 
 
-class AdamW(torch.optim.Optimizer):
+class AdamW(_FusedOptimizer):
     """``torch.optim.AdamW`` (decoupled weight decay, AMSGrad, maximize) with one
     ``torch_nntile::adamw_step`` per parameter per step."""
 
@@ -137,38 +147,30 @@ class AdamW(torch.optim.Optimizer):
                 if step is not None and not (isinstance(step, torch.Tensor) and step.device.type == "cpu"):
                     p_state["step"] = torch.tensor(_number(step), dtype=_scalar_dtype())
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every parameter that has a gradient; returns ``closure()``'s loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, eps, weight_decay = _number(group["lr"]), float(group["eps"]), float(group["weight_decay"])
-            beta1, beta2 = (_number(b) for b in group["betas"])
-            amsgrad, maximize = group["amsgrad"], group["maximize"]
-            for p in group["params"]:
-                grad = p.grad
-                if grad is None:
-                    continue
-                if grad.is_sparse:
-                    raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    if amsgrad:
-                        state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                step = state["step"].item()
-                bias_correction1 = 1 - beta1**step
-                bias_correction2 = 1 - beta2**step
-                table_optim.adamw_step(p, grad, state["exp_avg"], state["exp_avg_sq"],
-                                       state["max_exp_avg_sq"] if amsgrad else None, lr, beta1, beta2, eps,
-                                       weight_decay, maximize, lr / bias_correction1, bias_correction2**0.5)
-        return loss
+    def _group_step(self, group: dict[str, Any]) -> None:
+        lr, eps, weight_decay = _number(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+        beta1, beta2 = (_number(b) for b in group["betas"])
+        amsgrad, maximize = group["amsgrad"], group["maximize"]
+        for p in group["params"]:
+            grad = p.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if amsgrad:
+                    state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            step = state["step"].item()
+            bias_correction1 = 1 - beta1**step
+            bias_correction2 = 1 - beta2**step
+            table_optim.adamw_step(p, grad, state["exp_avg"], state["exp_avg_sq"],
+                                   state["max_exp_avg_sq"] if amsgrad else None, lr, beta1, beta2, eps,
+                                   weight_decay, maximize, lr / bias_correction1, bias_correction2**0.5)
 
 
 __all__ = ["AdamW", "SGD"]
