@@ -20,7 +20,7 @@ import torch
 
 from torch_nntile.graph.axes import new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record
 from torch_nntile.tiling.tiles import Arg, Lowering, R, Tiling, W
 
@@ -135,6 +135,21 @@ def rope_tile(transpose: bool, y: torch.Tensor, x: torch.Tensor, cos: torch.Tens
     else:  # [x1 c1 - x2 s1, x2 c2 + x1 s2]
         y1.addcmul_(x2, s1, value=-1)
         y2.addcmul_(x1, s2)
+
+
+def _rope_rows(params: tuple[bool], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    """Float32 tiles run in C (``csrc/nn.c``); cos and sin shared by the batch items or one per item."""
+    (transpose,) = params
+    y, x, c, s = shapes
+    if y != x or c != s or len(x) != 4 or x[2] % 2 or tuple(c[-2:]) != x[1:3] or len(c) not in (2, 3):
+        return None
+    per_batch = len(c) == 3 and c[0] != 1
+    if per_batch and c[0] != x[0]:
+        return None
+    return [native.ROPE, *x, int(per_batch), int(transpose)], ()
+
+
+native.ROWS[rope_tile] = _rope_rows
 
 
 # -- sdpa graph ops -----------------------------------------------------------------

@@ -3,12 +3,13 @@
 RMS norm is layer norm without the mean: per row it keeps ``rstd`` only (layer norm
 keeps the mean too), and ``xhat = x * rstd`` instead of ``(x - mean) * rstd``.
 With the normalized (trailing) dims whole in a tile, one task per tile of the leading
-dims runs the whole-row kernel (ATen's, or C for float32 layer norm). With them tiled,
-each tile writes its rows' partial statistics (mean and centred second moment, or the
-sum of squares), one task per row of tiles combines them (Chan's combination, as exact
-as a two-pass variance), and each tile is then normalized. The backward combines
-per-tile sums of ``g*w`` (layer norm only) and ``g*w*xhat`` per row likewise; the
-weight and bias gradients sum over the tiles of the leading dims.
+dims runs the whole-row kernel (torch's, or C for float32: csrc/rows.c, nn.c). With
+them tiled, each tile writes its rows' partial statistics (mean and centred second
+moment, or the sum of squares), one task per row of tiles combines them (Chan's
+combination, as exact as a two-pass variance), and each tile is then normalized (for
+float32 by a C program). The backward combines per-tile sums of ``g*w`` (layer norm
+only) and ``g*w*xhat`` per row likewise; the weight and bias gradients sum over the
+tiles of the leading dims.
 """
 
 from __future__ import annotations
@@ -85,6 +86,17 @@ def rms_norm_tile(shape: tuple[int, ...], eps: float, has_w: bool, has_b: bool, 
     o.copy_(y * w[0] if has_w else y)
 
 
+def _rms_norm_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    shape, eps, has_w, _ = params
+    n = native.numel(shape)
+    if n == 0 or shapes[0] != shapes[2]:
+        return None
+    return [native.RMS_NORM, native.numel(shapes[2]) // n, n, int(has_w)], (float(eps),)
+
+
+native.ROWS[rms_norm_tile] = _rms_norm_rows
+
+
 def layer_norm_grad(which: int, shape: tuple[int, ...], has_w: bool, has_b: bool, g: torch.Tensor, x: torch.Tensor,
                     m: torch.Tensor, r: torch.Tensor, wb: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """Gradient ``which`` (0 input, 1 weight, 2 bias) of one tile of rows."""
@@ -141,6 +153,20 @@ def rms_norm_grad_tile_into(which: int, shape: tuple[int, ...], has_w: bool, has
     o.add_(rms_norm_grad(which, shape, has_w, *ts[:3], ts[3:]))
 
 
+def _rms_norm_grad_rows(accumulate: bool, params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]
+                        ) -> tuple[list[int], tuple] | None:
+    which, shape, has_w, _ = params
+    n = native.numel(shape)
+    if n == 0 or shapes[1] != shapes[2] or (which == 0 and shapes[0] != shapes[1]) \
+            or (which and native.numel(shapes[0]) != n):
+        return None
+    return [native.RMS_NORM_GRAD, native.numel(shapes[2]) // n, n, which, int(has_w), int(accumulate)], ()
+
+
+native.ROWS[rms_norm_grad_tile] = functools.partial(_rms_norm_grad_rows, False)
+native.ROWS[rms_norm_grad_tile_into] = functools.partial(_rms_norm_grad_rows, True)
+
+
 # -- kernels of tiled rows: partial statistics, combined, then applied -------------------
 
 
@@ -176,6 +202,23 @@ def norm_apply(nstats: int, has_w: bool, has_b: bool, y: torch.Tensor, x: torch.
     y.copy_(out)
 
 
+def _xhat_program(p: native.Program, nstats: int, x: native.Ref, stats: list[native.Ref]) -> native.Ref:
+    return p.emit(native.MUL, p.emit(native.SUB, x, stats[0]) if nstats == 2 else x, stats[-1])
+
+
+def _norm_apply_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
+    """``norm_apply``'s steps in its order (float32 tiles: its accumulation dtype is theirs)."""
+    nstats, has_w, has_b = params
+    out = _xhat_program(p, nstats, refs[0], refs[1:1 + nstats])
+    rest = iter(refs[1 + nstats:])
+    if has_w:
+        out = p.emit(native.MUL, out, next(rest))
+    return p.emit(native.ADD, out, next(rest)) if has_b else out
+
+
+native.TRANSLATORS[norm_apply] = _norm_apply_program
+
+
 def norm_backward_partial(nstats: int, dims: tuple[int, ...], has_w: bool, *ts: torch.Tensor) -> None:
     """Per row of a tile: ``sum(g*w)`` (layer norm only) and ``sum(g*w*xhat)`` over the
     normalized dims; ``ts``: the partial tiles, then g, x, the statistics and w."""
@@ -205,6 +248,20 @@ def norm_backward_apply(nstats: int, has_w: bool, n: int, gx: torch.Tensor, g: t
     if nstats == 2:
         out = out - sums[0] / n
     gx.copy_(stats[-1].to(acc) * out)
+
+
+def _norm_backward_apply_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
+    nstats, has_w, n = params
+    g, x, stats = refs[0], refs[1], refs[2:2 + nstats]
+    w, sums = refs[2 + nstats:2 + nstats + has_w], refs[len(refs) - nstats:]
+    gw = p.emit(native.MUL, g, w[0]) if has_w else g
+    out = p.emit(native.SUB, gw, p.emit(native.MUL, _xhat_program(p, nstats, x, stats), p.emit(native.DIV, sums[-1], n)))
+    if nstats == 2:
+        out = p.emit(native.SUB, out, p.emit(native.DIV, sums[0], n))
+    return p.emit(native.MUL, stats[-1], out)
+
+
+native.TRANSLATORS[norm_backward_apply] = _norm_backward_apply_program
 
 
 def norm_param_grad(which: int, lead: int, g: torch.Tensor, x: torch.Tensor, *stats: torch.Tensor) -> torch.Tensor:

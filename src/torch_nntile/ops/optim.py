@@ -9,15 +9,18 @@ The update math is written once, out of place (``*_update(outs..., ins...)``): t
 tile kernels call it on tile views, and the CPU kernels of the ``torch_nntile::``
 ops call it with each output the input it replaces (in place). Its torch calls and
 their order are those of ``torch.optim``'s single-tensor SGD and AdamW, so results
-match them to rounding.
+match them to rounding. Float32 tiles run the same arithmetic in C
+(``csrc/nn.c``), without the interpreter.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from torch_nntile.graph.nodes import DataNode, OpNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, broadcast_axes, kernel_name, record
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
@@ -86,6 +89,32 @@ def adamw_tile(lr: float, beta1: float, beta2: float, eps: float, weight_decay: 
         outs.append(None)
         ins.append(None)
     adamw_update(lr, beta1, beta2, eps, weight_decay, maximize, step_size, bias_correction2_sqrt, *outs, *ins)
+
+
+def _same_shapes(shapes: tuple[tuple[int, ...], ...]) -> bool:
+    return all(s == shapes[0] for s in shapes)
+
+
+def _sgd_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    lr, momentum, dampening, weight_decay, nesterov, maximize, first = params
+    if not _same_shapes(shapes):
+        return None
+    mom = momentum != 0
+    return ([native.SGD, native.numel(shapes[0]), int(mom), int(mom and not first), int(nesterov), int(maximize),
+             int(weight_decay != 0)], (-lr, momentum, 1 - dampening, weight_decay))
+
+
+def _adamw_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    """The scalars as ``adamw_update`` works them out (in double, rounded to float in C)."""
+    lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, step_size, bias_correction2_sqrt = params
+    if not _same_shapes(shapes):
+        return None
+    return ([native.ADAMW, native.numel(shapes[0]), int(amsgrad), int(maximize), int(weight_decay != 0)],
+            (1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, bias_correction2_sqrt, eps, -step_size))
+
+
+native.ROWS[sgd_tile] = _sgd_rows
+native.ROWS[adamw_tile] = _adamw_rows
 
 
 # -- the graph op --------------------------------------------------------------------

@@ -646,7 +646,7 @@ _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 ffibuilder.set_source(
     "torch_nntile.runtime._shim",
     SOURCE,
-    sources=[os.path.relpath(os.path.join(_CSRC, f)) for f in ("ew.c", "rows.c")],
+    sources=[os.path.relpath(os.path.join(_CSRC, f)) for f in ("ew.c", "rows.c", "nn.c")],
     include_dirs=[_CSRC],
     extra_compile_args=_cflags + ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall"],
     extra_link_args=_libs + ["-lm"],

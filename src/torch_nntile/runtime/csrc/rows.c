@@ -1,6 +1,7 @@
 /* The row-wise kernels of rows.h. Sums are accumulated in double. */
 #include "rows.h"
 #include "fmath.h"
+#include "nn.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -20,6 +21,11 @@ static int nbuf_of(int kind, const int32_t *p)
     case TNT_ROWS_NLL_WEIGHT: return 2;
     case TNT_ROWS_NLL_GRAD: return 4;
     case TNT_ROWS_ARANGE: return 1;
+    case TNT_ROWS_SGD: return 3 + (p[1] != 0) + (p[2] != 0);
+    case TNT_ROWS_ADAMW: return 7 + 2 * (p[1] != 0);
+    case TNT_ROWS_RMS_NORM: return 3 + (p[2] != 0);
+    case TNT_ROWS_RMS_NORM_GRAD: return 4 + (p[3] != 0);
+    case TNT_ROWS_ROPE: return 4;
     default: return -1;
     }
 }
@@ -84,20 +90,19 @@ static void copy_boxes(const int32_t *p, void *const *bufs)
 
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
 {
-    /* parameters per kind, and how many of the first ones are sizes (never negative) */
-    static const int want[TNT_ROWS_NKINDS] = { 0, 4, 4, 4, 6, -1, 4, 4, 6, 6, 2, 6, 3 };
-    static const int sizes[TNT_ROWS_NKINDS] = { 0, 3, 3, 2, 2, 0, 3, 3, 3, 4, 1, 3, 3 };
+    /* parameters per kind, how many of the first ones are sizes (never negative), constants */
+    static const int want[TNT_ROWS_NKINDS] = { 0, 4, 4, 4, 6, -1, 4, 4, 6, 6, 2, 6, 3, 6, 4, 3, 5, 6 };
+    static const int sizes[TNT_ROWS_NKINDS] = { 0, 3, 3, 2, 2, 0, 3, 3, 3, 4, 1, 3, 3, 1, 1, 2, 2, 4 };
+    static const int nconsts[TNT_ROWS_NKINDS] = { 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 4, 7, 1, 0, 0 };
     if (kind == TNT_ROWS_COPY_BOXES)
         return copy_boxes_check(p, nints, nbuf);
-    if (kind < TNT_ROWS_SOFTMAX || kind >= TNT_ROWS_NKINDS || nints != want[kind])
+    if (kind < TNT_ROWS_SOFTMAX || kind >= TNT_ROWS_NKINDS || nints != want[kind] || nconst != nconsts[kind])
         return -1;
     for (int i = 0; i < sizes[kind]; i++)
         if (p[i] < 0)
             return -1;
-    if ((kind == TNT_ROWS_LAYER_NORM || kind == TNT_ROWS_ARANGE) != (nconst == (kind == TNT_ROWS_ARANGE ? 2 : 1)))
-        return -1;
-
-    if (kind == TNT_ROWS_LAYER_NORM_GRAD && (p[2] < 0 || p[2] > 2))
+    if ((kind == TNT_ROWS_LAYER_NORM_GRAD && (p[2] < 0 || p[2] > 2))
+        || (kind == TNT_ROWS_RMS_NORM_GRAD && (p[2] < 0 || p[2] > 1)) || (kind == TNT_ROWS_ROPE && p[2] % 2))
         return -1;
     return nbuf_of(kind, p) == nbuf ? 0 : -1;
 }
@@ -479,6 +484,11 @@ int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *
     case TNT_ROWS_NLL_WEIGHT: nll_weight(p, bufs); break;
     case TNT_ROWS_NLL_GRAD: nll_grad(p, bufs); break;
     case TNT_ROWS_ARANGE: arange(p, consts, bufs); break;
+    case TNT_ROWS_SGD: tnt_nn_sgd(p, consts, bufs); break;
+    case TNT_ROWS_ADAMW: tnt_nn_adamw(p, consts, bufs); break;
+    case TNT_ROWS_RMS_NORM: tnt_nn_rms_norm(p, consts, bufs); break;
+    case TNT_ROWS_RMS_NORM_GRAD: tnt_nn_rms_norm_grad(p, bufs); break;
+    case TNT_ROWS_ROPE: tnt_nn_rope(p, bufs); break;
     default: break;
     }
     return TNT_ROWS_OK;

@@ -1,0 +1,142 @@
+"""What the step benchmarks (``mlp_step.py``, ``gpt2_step.py``) share: timing the two
+sides in alternating blocks, the arithmetic floor and the peak resident memory.
+
+Arithmetic floor: a step's multiply-add count (counted by each benchmark from its model's
+shapes) over the rate of ``torch.mm`` on all cores, measured in the same process before
+the timed steps: the time the step would take if it were nothing but matrix products
+running as fast as eager's own.
+
+Peak resident memory: each side runs in a process of its own (the benchmark re-runs its
+script with ``--rss-side cpu|nntile``) that builds only that side, with the same imports
+and the same StarPU context, runs the warm-up steps, resets the kernel's high-water mark
+(``/proc/self/clear_refs``) and runs ``--rss-steps`` steps; the peak is ``VmHWM`` after
+them, nothing subtracted. In one process the two sides' models, optimizer states and
+allocator caches would sit in both figures; separate processes keep them apart and keep
+the timed steps free of any sampling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+import torch_nntile
+
+Step = Callable[[], float]
+_RSS_LINE = "rss-side peak MiB:"
+
+
+def mm_rate(n: int = 2048, reps: int = 10) -> float:
+    """Multiply-adds per second of a float32 ``n`` x ``n`` ``torch.mm`` on torch's default
+    threads, best of ``reps`` after one untimed product (many: the machine may be shared)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return n**3 / best
+
+
+def timed_block(step: Step, n: int, on_nntile: bool) -> float:
+    """Seconds per step over ``n`` consecutive steps, all their work finished: on nntile
+    ``loss.item()`` returns before the step's backward and update are done."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    if on_nntile:
+        torch_nntile.wait()
+    return (time.perf_counter() - t0) / n
+
+
+def alternate(cpu_step: Step, dev_step: Step, steps: int, block: int) -> tuple[list[float], list[float]]:
+    """Per-step times of blocks of ``block`` steps, the two sides alternating (which side
+    goes first swaps every block) so that machine noise hits both alike."""
+    cpu_t: list[float] = []
+    dev_t: list[float] = []
+    for i in range(max(1, steps // block)):
+        sides = [(cpu_t, cpu_step, False), (dev_t, dev_step, True)]
+        for times, step, on_nntile in sides if i % 2 == 0 else sides[::-1]:
+            times.append(timed_block(step, block, on_nntile))
+    return cpu_t, dev_t
+
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    """Options of both benchmarks for the floor and the memory figures."""
+    ap.add_argument("--mm-size", type=int, default=2048, help="size of the square torch.mm that measures the floor's rate")
+    ap.add_argument("--rss-steps", type=int, default=3,
+                    help="steps after warm-up in each side's own process for the peak RSS (0: skip it)")
+    ap.add_argument("--rss-side", choices=["cpu", "nntile"], help=argparse.SUPPRESS)  # internal: one side's process
+
+
+def _reset_peak() -> bool:
+    """Reset this process's ``VmHWM`` to its current RSS (Linux >= 4.0); False if refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_mib(reset: bool) -> float:
+    if reset:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux: the process's lifetime peak
+
+
+def rss_side(step: Step, warmup: int, steps: int, on_nntile: bool) -> None:
+    """The body of a ``--rss-side`` process: warm up, reset the peak, run ``steps`` steps
+    and print their peak resident set."""
+    for _ in range(max(1, warmup)):  # the optimizer's state exists from the first step on
+        step()
+    if on_nntile:
+        torch_nntile.wait()
+    reset = _reset_peak()
+    for _ in range(steps):
+        step()
+    if on_nntile:
+        torch_nntile.wait()
+    print(f"{_RSS_LINE} {_peak_mib(reset):.1f} {'since-reset' if reset else 'lifetime'}", flush=True)
+
+
+def peak_rss(script: str, argv: list[str]) -> tuple[float, float, str]:
+    """Peak RSS in MiB of the cpu and the nntile side, each in its own run of ``script``
+    with ``argv`` (run one after the other), and what the figure covers."""
+    peaks, kinds = [], set()
+    for side in ("cpu", "nntile"):
+        cmd = [sys.executable, script, *argv, "--rss-side", side]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        m = re.search(rf"^{_RSS_LINE} ([0-9.]+) (\S+)$", res.stdout, re.M)
+        if res.returncode != 0 or m is None:
+            raise RuntimeError(f"the {side} side's memory run failed ({res.returncode}):\n{res.stdout}{res.stderr}")
+        peaks.append(float(m.group(1)))
+        kinds.add(m.group(2))
+    what = "after warm-up" if kinds == {"since-reset"} else "over each process's life"
+    return peaks[0], peaks[1], what
+
+
+def print_figures(macs: int, rate: float, mm_size: int, cpu_med: float, dev_med: float,
+                  rss: tuple[float, float, str] | None, rss_steps: int) -> None:
+    """The floor, nntile/floor and peak RSS lines (step times in seconds); the caller
+    prints the ratio line last."""
+    floor = macs / rate
+    print(f"floor ms: {floor * 1e3:.2f} ({macs / 1e9:.3f} GMAC a step at {rate / 1e9:.1f} GMAC/s, torch.mm "
+          f"{mm_size}x{mm_size} float32 on {torch.get_num_threads()} threads; cpu/floor {cpu_med / floor:.2f})")
+    print(f"nntile/floor: {dev_med / floor:.2f}")
+    if rss is not None:
+        cpu_mib, dev_mib, what = rss
+        print(f"peak rss MiB: cpu {cpu_mib:.1f} nntile {dev_mib:.1f} (nntile/cpu {dev_mib / cpu_mib:.2f}; "
+              f"each side in its own process, VmHWM over {rss_steps} steps {what}, nothing subtracted)")
+

@@ -1,0 +1,195 @@
+/* The kernels of nn.h. They repeat the float32 arithmetic of the Python kernels they
+   stand in for (ops/optim.py, ops/norm.py, ops/attention.py) operation by operation,
+   as PyTorch's CPU kernels do it: an add with alpha, addcmul and lerp are one fused
+   multiply-add (fmaf), every other operation is rounded on its own (hence no
+   contraction here), scalars are rounded to float first. So an update matches the
+   Python one to the bit but for the sums, which are accumulated in double.
+
+   Outputs may be the very tiles of their inputs (element i is read before it is
+   written), so the optimizer kernels take no restrict pointers. */
+#pragma GCC optimize("fp-contract=off")
+#include "nn.h"
+
+#include <math.h>
+#include <stddef.h>
+
+/* torch's maximum: NaN of either operand kept */
+static inline __attribute__((always_inline)) float nan_max(float a, float b)
+{
+    return a != a ? a : b != b ? b : a > b ? a : b;
+}
+
+/* sgd: n, momentum (writes buf), reads_buf, nesterov, maximize, weight_decay (0/1);
+   consts -lr, momentum, 1 - dampening, weight_decay; buffers p_out, [buf_out], p, g, [buf] */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void tnt_nn_sgd(const int32_t *p, const double *consts, void *const *bufs)
+{
+    int64_t n = p[0];
+    int momentum = p[1], reads_buf = p[2], nesterov = p[3], maximize = p[4], decay = p[5];
+    float neg_lr = (float)consts[0], mom = (float)consts[1], keep = (float)consts[2], wd = (float)consts[3];
+    int at = 0;
+    float *po = bufs[at++];
+    float *bo = momentum ? bufs[at++] : NULL;
+    const float *pi = bufs[at++], *gi = bufs[at++];
+    const float *bi = reads_buf ? bufs[at++] : NULL;
+    for (int64_t i = 0; i < n; i++) {
+        float pv = pi[i], g = maximize ? -gi[i] : gi[i];
+        if (decay)
+            g = fmaf(pv, wd, g);
+        if (momentum) {
+            float b = reads_buf ? fmaf(g, keep, bi[i] * mom) : g;
+            bo[i] = b;
+            g = nesterov ? fmaf(b, mom, g) : b;
+        }
+        po[i] = fmaf(g, neg_lr, pv);
+    }
+}
+
+/* adamw: n, amsgrad, maximize, weight_decay (0/1); consts 1 - lr * weight_decay,
+   1 - beta1, beta2, 1 - beta2, sqrt(bias correction 2), eps, -step_size;
+   buffers p_out, m_out, v_out, [vmax_out], p, g, m, v, [vmax] */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void tnt_nn_adamw(const int32_t *p, const double *consts, void *const *bufs)
+{
+    int64_t n = p[0];
+    int amsgrad = p[1], maximize = p[2], decay = p[3];
+    float keep = (float)consts[0], w = (float)consts[1], beta2 = (float)consts[2], c2 = (float)consts[3];
+    float bc2 = (float)consts[4], eps = (float)consts[5], neg_step = (float)consts[6];
+    int at = 0;
+    float *po = bufs[at++], *mo = bufs[at++], *vo = bufs[at++];
+    float *vmo = amsgrad ? bufs[at++] : NULL;
+    const float *pi = bufs[at++], *gi = bufs[at++], *mi = bufs[at++], *vi = bufs[at++];
+    const float *vmi = amsgrad ? bufs[at++] : NULL;
+    /* torch.lerp: start + w (end - start) for |w| < 0.5, else end + (w - 1) (end - start) */
+    int small = fabsf(w) < 0.5f;
+    float coeff = small ? w : w - 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float g = maximize ? -gi[i] : gi[i], m = mi[i];
+        float pv = decay ? pi[i] * keep : pi[i];
+        float mn = fmaf(coeff, g - m, small ? m : g);
+        float v = fmaf(c2 * g, g, vi[i] * beta2);
+        mo[i] = mn;
+        vo[i] = v;
+        if (amsgrad)
+            vmo[i] = v = nan_max(vmi[i], v);
+        float denom = sqrtf(v) / bc2 + eps;
+        po[i] = pv + neg_step * mn / denom;
+    }
+}
+
+/* sum of squares of a row, in double */
+static inline __attribute__((always_inline)) double sumsq(const float *x, int64_t n)
+{
+    double s = 0;
+    for (int64_t j = 0; j < n; j++) {
+        float v = x[j] * x[j];
+        s += v;
+    }
+    return s;
+}
+
+/* rms norm: rows, n, has_w; consts eps; buffers y, rstd, x, [w] */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void tnt_nn_rms_norm(const int32_t *p, const double *consts, void *const *bufs)
+{
+    int64_t rows = p[0], n = p[1];
+    int has_w = p[2];
+    float *y = bufs[0], *rstd = bufs[1];
+    const float *x = bufs[2], *w = has_w ? bufs[3] : NULL;
+    float eps = (float)consts[0];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        float ms = (float)(sumsq(xr, n) / (double)n);
+        float rs = 1.0f / sqrtf(ms + eps);
+        rstd[r] = rs;
+        if (has_w)
+            for (int64_t j = 0; j < n; j++) {
+                float v = xr[j] * rs;
+                yr[j] = v * w[j];
+            }
+        else
+            for (int64_t j = 0; j < n; j++)
+                yr[j] = xr[j] * rs;
+    }
+}
+
+/* rms norm gradient: rows, n, which, has_w, accumulate; buffers o, g, x, rstd, [w].
+   which 0 (input): rstd (g w - xhat mean(g w xhat)); 1 (weight): g xhat summed over rows */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void tnt_nn_rms_norm_grad(const int32_t *p, void *const *bufs)
+{
+    int64_t rows = p[0], n = p[1];
+    int which = p[2], has_w = p[3], accumulate = p[4];
+    float *o = bufs[0];
+    const float *g = bufs[1], *x = bufs[2], *rstd = bufs[3], *w = has_w ? bufs[4] : NULL;
+    if (which == 0) {
+        for (int64_t r = 0; r < rows; r++) {
+            const float *gr = g + r * n, *xr = x + r * n;
+            float *orow = o + r * n;
+            float rs = rstd[r];
+            double c = 0;
+            for (int64_t j = 0; j < n; j++) {
+                float gw = has_w ? gr[j] * w[j] : gr[j], xh = xr[j] * rs, v = gw * xh;
+                c += v;
+            }
+            float cn = (float)(c / (double)n);
+            for (int64_t j = 0; j < n; j++) {
+                float gw = has_w ? gr[j] * w[j] : gr[j], xh = xr[j] * rs, t = xh * cn;
+                float v = rs * (gw - t);
+                orow[j] = accumulate ? orow[j] + v : v;
+            }
+        }
+        return;
+    }
+    enum { COLS = 512 };
+    double acc[COLS];
+    for (int64_t j0 = 0; j0 < n; j0 += COLS) {
+        int64_t nc = n - j0 < COLS ? n - j0 : COLS;
+        for (int64_t j = 0; j < nc; j++)
+            acc[j] = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *gr = g + r * n + j0, *xr = x + r * n + j0;
+            float rs = rstd[r];
+            for (int64_t j = 0; j < nc; j++) {
+                float xh = xr[j] * rs, v = gr[j] * xh;
+                acc[j] += v;
+            }
+        }
+        for (int64_t j = 0; j < nc; j++)
+            o[j0 + j] = accumulate ? o[j0 + j] + (float)acc[j] : (float)acc[j];
+    }
+}
+
+/* rope: b, s, d, h, per_batch, transpose; buffers y, x [b, s, d, h], cos, sin ([s, d],
+   or [b, s, d] with per_batch). Forward [x1 c1 - x2 s1, x2 c2 + x1 s2], transpose
+   [x1 c1 + x2 s2, x2 c2 - x1 s1], each the product then one addcmul. */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void tnt_nn_rope(const int32_t *p, void *const *bufs)
+{
+    int64_t nb = p[0], ns = p[1], nd = p[2], nh = p[3], half = nd / 2;
+    int per_batch = p[4], transpose = p[5];
+    float *restrict y = bufs[0];
+    const float *restrict x = bufs[1], *cs = bufs[2], *sn = bufs[3];
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t s = 0; s < ns; s++) {
+            int64_t row = (per_batch ? b * ns + s : s) * nd;
+            const float *c = cs + row, *si = sn + row;
+            for (int64_t j = 0; j < half; j++) {
+                int64_t at1 = ((b * ns + s) * nd + j) * nh, at2 = at1 + half * nh;
+                const float *x1 = x + at1, *x2 = x + at2;
+                float *y1 = y + at1, *y2 = y + at2;
+                float c1 = c[j], c2 = c[j + half], s1 = si[j], s2 = si[j + half];
+                if (transpose)
+                    for (int64_t k = 0; k < nh; k++) {
+                        y1[k] = fmaf(x2[k], s2, x1[k] * c1);
+                        y2[k] = fmaf(-x1[k], s1, x2[k] * c2);
+                    }
+                else
+                    for (int64_t k = 0; k < nh; k++) {
+                        y1[k] = fmaf(-x2[k], s1, x1[k] * c1);
+                        y2[k] = fmaf(x1[k], s2, x2[k] * c2);
+                    }
+            }
+        }
+}
