@@ -28,6 +28,7 @@ int tnt_ncpu(void);
 int tnt_nworkers(void);
 void tnt_pause(void);
 void tnt_resume(void);
+void tnt_trim(void);
 tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated);
 void tnt_unregister_submit(tnt_handle h);
 void tnt_unregister_now(tnt_handle h);
@@ -50,11 +51,13 @@ int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0
 SOURCE = r"""
 #include <starpu.h>
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "ew.h"
@@ -116,11 +119,45 @@ static void tnt_fail_func(void *buffers[], void *cl_arg)
     tnt_task_wrote(task, STARPU_TASK_GET_NBUFFERS(task), (int64_t)(intptr_t)cl_arg);
 }
 
+/* Tile memory. Large tiles get pages of their own (mmap), small ones come from malloc.
+   Tiles live for steps while kernels' temporaries of every size come and go in the
+   same heap: with large tiles there too, the heap fragmented (a medium GPT-2's
+   process grew by ~150 MiB a step, all of it free heap that could not be returned).
+   Pages of their own go back to the system when a tile's memory is freed. */
+#define TNT_MMAP_MIN ((size_t)1 << 18)
+
+static void *tnt_alloc(size_t nbytes)
+{
+    if (nbytes >= TNT_MMAP_MIN) {
+        void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    void *p = NULL;
+    return posix_memalign(&p, 64, nbytes ? nbytes : 1) == 0 ? p : NULL;
+}
+
+static void tnt_free(void *p, size_t nbytes)
+{
+    if (p == NULL)
+        return;
+    if (nbytes >= TNT_MMAP_MIN)
+        munmap(p, nbytes);
+    else
+        free(p);
+}
+
+/* A registered tile's bytes (see tnt_register: items, or one item of the whole size). */
+static size_t tnt_nbytes(starpu_data_handle_t d)
+{
+    return (size_t)starpu_vector_get_nx(d) * starpu_vector_get_elemsize(d);
+}
+
 /* Frees a tile's memory once every earlier task on it is done (its handle is then unregistered). */
 static void tnt_free_func(void *buffers[], void *cl_arg)
 {
     (void)cl_arg;
-    free((void *)STARPU_VECTOR_GET_PTR(buffers[0]));
+    tnt_free((void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+             (size_t)STARPU_VECTOR_GET_NX(buffers[0]) * STARPU_VECTOR_GET_ELEMSIZE(buffers[0]));
 }
 
 static struct starpu_codelet tnt_fail_cl, tnt_free_cl;
@@ -199,6 +236,12 @@ int tnt_nworkers(void) { return (int)starpu_worker_get_count(); }
 void tnt_pause(void) { starpu_pause(); }
 void tnt_resume(void) { starpu_resume(); }
 
+/* Give the free pages of malloc's heaps back to the system. Kernels' temporaries of
+   every size, made and freed on several threads, leave the heaps fragmented: free
+   memory that malloc keeps, and the process's resident size grew by tens of MiB a
+   step (a medium GPT-2) without it. */
+void tnt_trim(void) { malloc_trim(0); }
+
 /* A tile of nelems items in memory allocated here, registered with main RAM as its
    home. *allocated = 0 when there is no memory for it: the handle then has none
    (the caller marks it with tnt_set_no_memory before any task uses it). StarPU 1.3
@@ -206,9 +249,7 @@ void tnt_resume(void) { starpu_resume(); }
 tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated)
 {
     size_t nbytes = nelems * elemsize;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, nbytes ? nbytes : 1) != 0)
-        p = NULL;
+    void *p = tnt_alloc(nbytes);
     *allocated = p != NULL;
     starpu_data_handle_t h;
     if (nelems <= UINT32_MAX)
@@ -233,8 +274,9 @@ void tnt_unregister_submit(tnt_handle h)
     task->handles[0] = d;
     if (starpu_task_submit(task) != 0) {  /* cannot happen with CPU workers; never leak silently */
         void *p = starpu_data_handle_to_pointer(d, STARPU_MAIN_RAM);
+        size_t nbytes = tnt_nbytes(d);
         starpu_data_unregister(d);
-        free(p);
+        tnt_free(p, nbytes);
         return;
     }
     starpu_data_unregister_submit(d);
@@ -245,8 +287,9 @@ void tnt_unregister_now(tnt_handle h)
 {
     starpu_data_handle_t d = (starpu_data_handle_t)h;
     void *p = starpu_data_handle_to_pointer(d, STARPU_MAIN_RAM);
+    size_t nbytes = tnt_nbytes(d);
     starpu_data_unregister(d);
-    free(p);
+    tnt_free(p, nbytes);
 }
 
 /* A task that marks h's next value as failed, in order after h's earlier tasks. */

@@ -42,6 +42,7 @@ WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
 WHERE_CPU = 1 << 1  # STARPU_CPU
 
 TileSpec = tuple[int, torch.dtype, tuple[int, ...]]  # (nbytes, dtype, shape)
+TRIM_S = 0.25  # at most this often, when the workers go idle, malloc's free pages go back to the system
 SPARE_COMPILES = 4  # compiles a size of spare handles may go unasked for before they are freed
 SLICE_S = 0.05  # longest a blocking wait goes without looking at pending signals (Ctrl-C)
 
@@ -228,6 +229,7 @@ class Runtime:
         self._drained = 0  # every task of submissions up to this one has run
         self._idle = threading.Condition(threading.Lock())
         self._drain = threading.Event()
+        self._trimmed = 0.0  # time.monotonic() of the last tnt_trim
         self._pauser = threading.Thread(target=self._pause_when_drained, name="torch_nntile-pauser", daemon=True)
         self.lib.tnt_pause()
         self.paused = True
@@ -475,6 +477,10 @@ class Runtime:
                 if epoch > self._drained:
                     self._drained = epoch
                 self._idle.notify_all()
+            now = time.monotonic()
+            if now - self._trimmed >= TRIM_S:  # idle now: return malloc's free pages (see tnt_trim)
+                self._trimmed = now
+                self.lib.tnt_trim()
 
     def _wait_drained(self) -> int:
         """Block until every task submitted so far has run; return that submission count.
