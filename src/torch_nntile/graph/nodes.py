@@ -148,6 +148,27 @@ def prune_dead(ops: list[OpNode]) -> list[OpNode]:
     return kept
 
 
+def deaths(ops: list[OpNode]) -> dict[int, list[DataNode]]:
+    """Op index -> the values made by these ops that die after it: the ones whose only
+    holders are the inputs of ops in the list, at their last reader (at their own op
+    if none reads them). Called before the lowering holds any node, so that reference
+    counts tell."""
+    readers: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, op in enumerate(ops):
+        for n in op.inputs:
+            key = id(n)
+            readers[key] = readers.get(key, 0) + 1
+            last[key] = i
+    dying: dict[int, list[DataNode]] = {}
+    for i, op in enumerate(ops):
+        for out, refs in zip(op.outputs, outside_refs(op)):
+            key = id(out)
+            if refs == readers.get(key, 0):
+                dying.setdefault(last.get(key, i), []).append(out)
+    return dying
+
+
 def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any],
                   rewrite: Callable[[list[OpNode]], list[OpNode]] | None = None) -> Any:
     """Lower every pending op in record order into a context's task list.
@@ -164,7 +185,7 @@ def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any],
     try:
         t0 = stats.enter()
         try:
-            ctx.plan(ops)
+            ctx.plan(ops, deaths(ops))
         finally:
             stats.leave("compile.axis_groups", t0)
         t0 = stats.enter()

@@ -272,6 +272,11 @@ class Runtime:
             self._no_memory[h] = self._unnamed[h] = f
         return h
 
+    def reuse_key(self, h: Any) -> tuple[int, int] | None:
+        """The size of handle ``h`` (items, item size), or None if it may not hold another
+        tile (it got no memory: a new tile of its size may find some)."""
+        return None if h in self._no_memory else self._size[h]
+
     def _free_spares_now(self) -> None:
         """Wait for every task, then unregister the spares and free their memory at once."""
         self.pause()

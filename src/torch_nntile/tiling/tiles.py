@@ -62,7 +62,7 @@ class TileArray:
     __slots__ = ("shape", "dtype", "tiling", "grid", "handles", "specs", "offs", "rt", "base", "__weakref__")
 
     def __init__(self, rt: Runtime, shape: tuple[int, ...], dtype: torch.dtype, tiling: Tiling,
-                 base: TileArray | None = None, order: list[int] | None = None) -> None:
+                 base: TileArray | None = None, order: list[int] | None = None, source: Any = None) -> None:
         self.rt = rt
         self.shape = shape
         self.dtype = dtype
@@ -72,8 +72,8 @@ class TileArray:
         if layout is None:
             layout = _layout(tiling, dtype)
         self.grid, self.offs, self.specs, sizes = layout
-        if base is None:
-            self.handles = rt.register_many(sizes, dtype.itemsize)
+        if base is None:  # ``source``: where handles come from, if not the runtime (``Lowering.register_many``)
+            self.handles = (source or rt).register_many(sizes, dtype.itemsize)
         else:  # tile k is the base's tile order[k], the same bytes in another shape
             self.handles = [base.handles[f] for f in order]
 
@@ -168,8 +168,32 @@ class PlanHandles:
         pass
 
 
+class _Held:
+    """Handles that died inside a compile and were not handed out again: released (as
+    a dead tile's are) once the compile's tasks, which still use them, were submitted."""
+
+    __slots__ = ("rt", "handles")
+
+    def __init__(self, rt: Runtime, handles: list[Any]) -> None:
+        self.rt, self.handles = rt, handles
+
+    def __del__(self) -> None:
+        try:
+            stats.tiles_added(len(self.handles))  # counted out when they died; release counts them out
+            self.rt.release(self.handles)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
 class Lowering:
-    """Collects tile tasks for one compile; values are committed at the end."""
+    """Collects tile tasks for one compile; values are committed at the end.
+
+    Memory is reused within a compile, as eager PyTorch frees a temporary once its
+    last reader ran: a value made in this compile that nothing outside it holds gives
+    its tiles' handles, once its last reader is lowered, to the values lowered after
+    it. StarPU runs a handle's tasks in submission order, so the new value's first
+    write waits for the old value's last read.
+    """
 
     def __init__(self, rt: Runtime | PlanHandles) -> None:
         self.rt = rt
@@ -183,6 +207,10 @@ class Lowering:
         self.ops: list[Any] = []  # the ops of this compile, in record order
         self.op: Any = None  # the op being lowered
         self.op_index: dict[Any, int] = {}
+        self._reuse = isinstance(rt, Runtime)  # not when only planning (dumps): tiles stay distinct there
+        self._dying: dict[int, list[Any]] = {}  # op index -> the nodes that die after it
+        self._viewed: set[int] = set()  # id(array) of arrays other arrays view: never given away
+        self._pool: dict[tuple[int, int], list[Any]] = {}  # (items, item size) -> handles free for reuse
 
     # -- planning ---------------------------------------------------------
     def tiling(self, node: Any) -> Tiling:
@@ -200,16 +228,51 @@ class Lowering:
         done = self._node_tilings[node] = tuple(out)
         return done
 
-    def plan(self, ops: list[Any]) -> None:
-        """Resolve the tiling of every value the ops touch (errors name the group)."""
+    def plan(self, ops: list[Any], dying: dict[int, list[Any]] | None = None) -> None:
+        """Resolve the tiling of every value the ops touch (errors name the group).
+        ``dying``: op index -> the values made here that nothing reads after that op
+        (``graph.nodes.deaths``); their tiles are reused (see the class docstring)."""
         self.ops = ops
         self.op_index = {op: i for i, op in enumerate(ops)}
+        if self._reuse and dying:
+            self._dying = dying
         tiling = self.tiling
         for op in ops:
             for n in op.inputs:
                 tiling(n)
             for n in op.outputs:
                 tiling(n)
+
+    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
+        """Handles for a new array: dead values' of this compile where there are, else the runtime's."""
+        pool = self._pool
+        if not pool:
+            return self.rt.register_many(sizes, elemsize)
+        out = []
+        for n in sizes:
+            free = pool.get((max(n, 1), elemsize))
+            if free:
+                out.append(free.pop(0))  # the longest dead: its readers are the likeliest done
+                stats.tiles_added(1)
+            else:
+                out.extend(self.rt.register_many([n], elemsize))
+        return out
+
+    def _give_away(self, node: Any) -> None:
+        """A value died: its tiles' handles go to the pool (not a view's, not a viewed
+        array's, not those that got no memory)."""
+        arr = self.values.get(node)
+        if arr is None or arr.base is not None or id(arr) in self._viewed or not arr.handles:
+            return
+        keep, pool, key_of = [], self._pool, self.rt.reuse_key
+        for h in arr.handles:
+            key = key_of(h)
+            if key is None:
+                keep.append(h)
+            else:
+                pool.setdefault(key, []).append(h)
+        stats.tiles_added(len(keep) - len(arr.handles))
+        arr.handles = keep
 
     def whole(self, node: Any, dims: Iterable[int]) -> Tiling:
         """The planned tiling of ``node`` with ``dims`` in one tile each: what an op
@@ -239,6 +302,10 @@ class Lowering:
             if arr.tiling != want:
                 self._count_retile(node, arr.tiling, want)
                 self.values[node] = self.retile(arr, want)
+        dead = self._dying.get(self.op_index.get(op, -1)) if self._dying else None
+        if dead:
+            for node in dead:
+                self._give_away(node)
 
     def _fail(self, op: Any, exc: Exception) -> None:
         err = RuntimeError(f"lowering {op.label} failed: {type(exc).__name__}: {exc}")
@@ -251,7 +318,8 @@ class Lowering:
     # -- values -----------------------------------------------------------
     def output(self, node: Any, tiling: Tiling | None = None) -> TileArray:
         """The tiles an op writes for ``node``: planned, or ``tiling`` (re-tiled after)."""
-        arr = TileArray(self.rt, node.shape, node.dtype, tiling if tiling is not None else self.tiling(node))
+        arr = TileArray(self.rt, node.shape, node.dtype, tiling if tiling is not None else self.tiling(node),
+                        source=self)
         self.values[node] = arr
         self.keep.append(arr)
         return arr
@@ -260,12 +328,17 @@ class Lowering:
         """``node``'s tiles as ``base``'s (tile k is ``base``'s tile ``order[k]``, same
         bytes): for ops that only reinterpret a layout, no task and no memory."""
         arr = TileArray(self.rt, node.shape, node.dtype, tiling, base, order)
+        root = base
+        while root.base is not None:
+            root = root.base
+        self._viewed.add(id(root))
         self.values[node] = arr
         self.keep.append(arr)
         return arr
 
     def temp(self, shape: tuple[int, ...], dtype: torch.dtype, tiling: Tiling | None = None) -> TileArray:
-        arr = TileArray(self.rt, shape, dtype, tiling if tiling is not None else tuple((s,) for s in shape))
+        arr = TileArray(self.rt, shape, dtype, tiling if tiling is not None else tuple((s,) for s in shape),
+                        source=self)
         self.keep.append(arr)
         return arr
 
@@ -295,7 +368,7 @@ class Lowering:
 
     def retile(self, src: TileArray, tiling: Tiling) -> TileArray:
         """Copy a value into another tiling: one task per destination tile."""
-        dst = TileArray(self.rt, src.shape, src.dtype, tiling)
+        dst = TileArray(self.rt, src.shape, src.dtype, tiling, source=self)
         self.keep.append(dst)
         self.assemble(dst, [(src, (0,) * len(src.shape))], "retile")
         return dst
@@ -340,7 +413,15 @@ class Lowering:
         self.tasks.append((fn, [out.handles[0], *[a.handles[0] for a in ins]], [W] + [R] * len(ins),
                            [out.specs[0], *[a.specs[0] for a in ins]], name))
 
+    def _hold_pool(self) -> None:
+        """Handles still in the pool stay held until this compile's tasks are submitted."""
+        left = [h for free in self._pool.values() for h in free]
+        self._pool = {}
+        if left:
+            self.keep.append(_Held(self.rt, left))
+
     def commit(self) -> None:
+        self._hold_pool()
         for node, arr in self.values.items():
             node.value = arr
             if node.op is not None:
@@ -348,6 +429,7 @@ class Lowering:
         self.values = {}
 
     def discard(self) -> None:
+        self._hold_pool()
         self.tasks = []
         self.values = {}
         self.keep = []

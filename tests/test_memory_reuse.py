@@ -1,0 +1,77 @@
+"""Tiles of values that die inside a compile are reused by the values lowered after
+them (``Lowering``): results stay CPU's, held values and views are never overwritten,
+and a chain of products needs a few tiles, not one per product."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from conftest import assert_close
+
+import torch_nntile
+
+
+def _chain(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):
+        x = torch.tanh(x @ w)  # a product and an activation: not fused into one op
+    return x
+
+
+def test_chain_reuses_tiles_and_matches_cpu():
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 16), torch.randn(16, 16) / 4
+    want = _chain(x, w, 30)
+    xd, wd = x.to("nntile"), w.to("nntile")
+    torch_nntile.execute()
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    live = torch_nntile.info()["tiles_live"]
+    got = _chain(xd, wd, 30)
+    torch_nntile.compile_graph()
+    peak = torch_nntile.info()["tiles_peak"]
+    assert_close(got.cpu(), want)
+    assert peak - live <= 6, f"{peak - live} tiles for a chain of 60 values: dead values' tiles were not reused"
+
+
+def test_tiled_chain_matches_cpu():
+    torch.manual_seed(1)
+    x, w = torch.randn(10, 12), torch.randn(12, 12) / 4
+    want = _chain(x, w, 12)
+    xd = x.to("nntile")
+    torch_nntile.set_axis_group_name(xd, {0: "rows", 1: "cols"})
+    torch_nntile.set_axis_group_tiling("rows", [3, 7])
+    torch_nntile.set_axis_group_tiling("cols", [5, 7])
+    assert_close(_chain(xd, w.to("nntile"), 12).cpu(), want)
+
+
+def test_held_values_and_views_keep_their_tiles():
+    torch.manual_seed(2)
+    x, w = torch.randn(8, 8), torch.randn(8, 8) / 3
+    xd, wd = x.to("nntile"), w.to("nntile")
+    held = torch.relu(xd @ wd)  # the user holds it: never given away
+    view = torch.sin(xd @ wd).reshape(4, 16)  # a view of a value nothing else holds
+    later = _chain(xd, wd, 10)  # values of the same size, lowered after both
+    assert_close(held.cpu(), torch.relu(x @ w))
+    assert_close(view.cpu(), torch.sin(x @ w).reshape(4, 16))
+    assert_close(later.cpu(), _chain(x, w, 10))
+
+
+def test_training_steps_with_reuse_match_cpu():
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 5))
+
+    dev = copy.deepcopy(model).to("nntile")
+    opt, dopt = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(dev.parameters(), lr=1e-2)
+    x, y = torch.randn(9, 12), torch.randint(0, 5, (9,))
+    xd, yd = x.to("nntile"), y.to("nntile")
+    torch_nntile.set_axis_group_name(xd, {0: "batch"})
+    torch_nntile.set_axis_group_tiling("batch", [4, 5])
+    for _ in range(4):
+        for m, o, a, b in ((model, opt, x, y), (dev, dopt, xd, yd)):
+            loss = torch.nn.functional.cross_entropy(m(a), b)
+            loss.backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+    for p, q in zip(dev.parameters(), model.parameters()):
+        assert_close(p.detach().cpu(), q.detach(), rtol=1e-5)
