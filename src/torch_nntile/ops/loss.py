@@ -28,7 +28,7 @@ from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import NotNative, Op, broadcast_axes, map_op, record, reduce_into, split_chains
 from torch_nntile.ops.data import fill_tile
 from torch_nntile.ops.reduce import acc_dtype, scale_tile, stacked, type_word
-from torch_nntile.ops.softmax import finite_max
+from torch_nntile.ops.softmax import finite_max, maxsumexp_combine, maxsumexp_partial
 from torch_nntile.ops.views import expand, reshape
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, W
 
@@ -38,14 +38,19 @@ NONE, MEAN, SUM_RED = 0, 1, 2
 # -- negative log-likelihood ------------------------------------------------------------
 
 
+def check_targets(ignore_index: int, classes: int, t: torch.Tensor) -> None:
+    """Targets out of range (and not ignored) raise as on CPU."""
+    bad = ((t < 0) | (t >= classes)) & (t != ignore_index)
+    if bool(bad.any()):
+        raise IndexError(f"Target {int(t[bad].flatten()[0])} is out of bounds.")
+
+
 def _picked(ignore_index: int, lo: int, classes: int | None, x: torch.Tensor, t: torch.Tensor,
             w: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """``-w[t] * x[:, t - lo]`` per row where the target falls in this tile of classes
     (``lo`` on), 0 elsewhere. With ``classes``, targets out of range raise as on CPU."""
     if classes is not None:
-        bad = ((t < 0) | (t >= classes)) & (t != ignore_index)
-        if bool(bad.any()):
-            raise IndexError(f"Target {int(t[bad].flatten()[0])} is out of bounds.")
+        check_targets(ignore_index, classes, t)
     inside = (t >= lo) & (t < lo + x.shape[1]) & (t != ignore_index)
     v = x.gather(1, torch.where(inside, t - lo, 0).unsqueeze(1)).squeeze(1)
     if w:
@@ -354,12 +359,6 @@ def mse_loss_backward(g: DataNode, x: DataNode, y: DataNode, reduction: int, dty
 # -- cross-entropy over the last dim ------------------------------------------------------
 
 
-def check_targets(ignore_index: int, classes: int, t: torch.Tensor) -> None:
-    bad = ((t < 0) | (t >= classes)) & (t != ignore_index)
-    if bool(bad.any()):
-        raise IndexError(f"Target {int(t[bad].flatten()[0])} is out of bounds.")
-
-
 def _label_logit(ignore_index: int, lo: int, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """Per row, the logit of the label where it falls in this tile of classes (``lo`` on), else 0."""
     inside = (t >= lo) & (t < lo + x.shape[-1]) & (t != ignore_index)
@@ -398,19 +397,17 @@ def ce_partial(ignore_index: int, lo: int, classes: int | None, m: torch.Tensor,
     label's logit (0 where the label is elsewhere); with ``classes`` it checks the labels."""
     if classes is not None:
         check_targets(ignore_index, classes, t)
-    xf = x.to(m.dtype)
-    torch.amax(xf, -1, out=m)
-    torch.sum(torch.exp(xf - finite_max(m).unsqueeze(-1)), -1, out=s)
-    p.copy_(_label_logit(ignore_index, lo, xf, t))
+    maxsumexp_partial(-1, m.unsqueeze(-1), s.unsqueeze(-1), x)  # softmax's statistics, per row
+    p.copy_(_label_logit(ignore_index, lo, x.to(m.dtype), t))
 
 
 def ce_combine(reduction: int, ignore_index: int, final: bool, lse_o: torch.Tensor, loss_o: torch.Tensor,
                count_o: torch.Tensor, t: torch.Tensor, *parts: torch.Tensor) -> None:
-    ms, ss, ps = stacked(parts, 3)
-    m = torch.amax(ms, 0)
-    fm = finite_max(m)
-    lse = torch.log(torch.sum(ss * torch.exp(ms - fm), 0)) + fm
-    _ce_finish(reduction, ignore_index, final, lse, ps.sum(0), t, lse_o, loss_o, count_o)
+    n = len(parts) // 3
+    m, s = torch.empty_like(lse_o), torch.empty_like(lse_o)
+    maxsumexp_combine(m, s, *parts[:2 * n])  # softmax's combination of the class tiles' statistics
+    picked = torch.stack(parts[2 * n:]).sum(0)
+    _ce_finish(reduction, ignore_index, final, torch.log(s) + finite_max(m), picked, t, lse_o, loss_o, count_o)
 
 
 def ce_total(reduction: int, *ts: torch.Tensor) -> None:
