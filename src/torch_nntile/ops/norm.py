@@ -25,7 +25,7 @@ from torch_nntile.graph.axes import new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record, reduce_into, split_chains
-from torch_nntile.ops.reduce import acc_dtype, chan_combine, part_sizes, row_stats, stacked
+from torch_nntile.ops.reduce import acc_dtype, chan_combine, part_sizes, row_stats, stacked, sum_parts_combine
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 _aten = torch.ops.aten
@@ -229,12 +229,6 @@ def norm_backward_partial(nstats: int, dims: tuple[int, ...], has_w: bool, *ts: 
     if nparts == 2:
         torch.sum(gw, dims, keepdim=True, out=parts[0])
     torch.sum(gw * _xhat(x, stats, acc), dims, keepdim=True, out=parts[-1])
-
-
-def sum_parts_combine(kinds: int, *ts: torch.Tensor) -> None:
-    """Each of the first ``kinds`` tiles: the sum of its kind's parts (the rest)."""
-    for out, s in zip(ts[:kinds], stacked(ts[kinds:], kinds)):
-        torch.sum(s, 0, out=out)
 
 
 def norm_backward_apply(nstats: int, has_w: bool, n: int, gx: torch.Tensor, g: torch.Tensor, x: torch.Tensor,

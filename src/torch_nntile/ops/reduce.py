@@ -137,6 +137,13 @@ def stacked(parts: tuple[torch.Tensor, ...], kinds: int) -> list[torch.Tensor]:
     return [torch.stack(parts[k * n:(k + 1) * n]) for k in range(kinds)]
 
 
+def sum_parts_combine(kinds: int, *ts: torch.Tensor) -> None:
+    """A ``row_stats`` combination: each of the first ``kinds`` tiles is the sum of its
+    kind's parts (the rest)."""
+    for out, s in zip(ts[:kinds], stacked(ts[kinds:], kinds)):
+        torch.sum(s, 0, out=out)
+
+
 def row_stats(ctx: Lowering, name: str, x: TileArray, dims: tuple[int, ...], args_of: Callable[[tuple[int, ...]], list[Arg]],
               partial: Kernel, combine: Kernel, stats: list[TileArray], part_dtypes: list[torch.dtype]) -> None:
     """Statistics over ``dims`` into ``stats`` (``x``'s shape and tiling with ``dims`` of
@@ -549,10 +556,6 @@ def vnorm_count_partial(dims: tuple[int, ...], keepdim: bool, c: torch.Tensor, x
     c.copy_(vnorm_at_norm(dims, keepdim, x, n))
 
 
-def sum_stacked(o: torch.Tensor, *parts: torch.Tensor) -> None:
-    torch.sum(torch.stack(parts), 0, out=o)
-
-
 def vnorm_grad_tile(order: float, dims: tuple[int, ...], keepdim: bool, o: torch.Tensor, g: torch.Tensor,
                     x: torch.Tensor, n: torch.Tensor, *count: torch.Tensor) -> None:
     """One tile of the gradient; an infinity norm whose reduced dims are whole here counts
@@ -579,7 +582,7 @@ def _lower_vnorm_backward(ctx: Lowering, node: OpNode) -> None:
     if math.isinf(order) and any(x.grid[d] > 1 for d in dims):  # ties counted over the tiles of a row
         c = ctx.temp(reduced_shape(x.shape, dims), x.dtype, reduced_tiling(x, dims))
         row_stats(ctx, name, x, dims, lambda xi: [Arg(x, xi, R), Arg(n, reduced(xi), R)],
-                  Kernel(vnorm_count_partial, dims, keepdim), Kernel(sum_stacked), [c], [x.dtype])
+                  Kernel(vnorm_count_partial, dims, keepdim), Kernel(sum_parts_combine, 1), [c], [x.dtype])
         counts = [c]
     k = Kernel(vnorm_grad_tile, order, dims, keepdim)
     for idx in out.indices():
