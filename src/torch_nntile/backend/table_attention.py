@@ -51,7 +51,7 @@ def _sdpa_bwd(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def _rope_cpu(transpose: bool):  # noqa: ANN202 - one CPU kernel per direction
     def cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         attention.check_rope(tuple(x.shape), tuple(cos.shape), tuple(sin.shape))
-        y = torch.empty(x.shape, dtype=torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype))
+        y = torch.empty(x.shape, dtype=attention.rope_dtype(x.dtype, cos.dtype, sin.dtype))
         attention.rope_tile(transpose, y, x, cos, sin)
         return y
     return cpu

@@ -53,6 +53,11 @@ def lse_dtype(dt: torch.dtype) -> torch.dtype:
     return torch.float64 if dt == torch.float64 else torch.float32
 
 
+def rope_dtype(x: torch.dtype, cos: torch.dtype, sin: torch.dtype) -> torch.dtype:
+    """The dtype of rope's result: the three operands' promoted."""
+    return torch.promote_types(torch.promote_types(x, cos), sin)
+
+
 def check_rope(x: tuple[int, ...], cos: tuple[int, ...], sin: tuple[int, ...]) -> None:
     if len(x) != 4:
         raise ValueError(f"rope: x must be 4-D [batch, seq, head_size, heads], got shape {list(x)}")
@@ -278,5 +283,5 @@ def rope(x: DataNode, cos: DataNode, sin: DataNode, transpose: bool) -> DataNode
     lead = x.axes[:3] if len(cos.shape) == 3 and cos.shape[0] == x.shape[0] else x.axes[1:3]  # not a broadcast batch
     for a, b in zip(reversed(cos.axes), reversed(lead)):
         union(a, b)
-    dtype = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+    dtype = rope_dtype(x.dtype, cos.dtype, sin.dtype)
     return record(ROPE, (x, cos, sin), (transpose,), [(x.shape, dtype, x.axes)])[0]
