@@ -105,9 +105,10 @@ class TileArray:
 
 # A KeyboardInterrupt raised inside a finalizer is reported and dropped by Python, and a
 # finalizer can start at any line of the program. While Python's own SIGINT handler is
-# in place it is replaced by one that, when the signal lands in TileArray.__del__ (at
-# any line, its first included), raises KeyboardInterrupt in the main thread once the
-# finalizer has returned, through a helper thread; anywhere else it raises at once.
+# in place it is replaced by one that, when the signal lands in a finalizer releasing
+# tiles (``_FINALIZERS``: TileArray's, _Held's; at any line, its first included),
+# raises KeyboardInterrupt in the main thread once the finalizer has returned, through
+# a helper thread; anywhere else it raises at once.
 
 def _interrupt_after(left: threading.Event) -> None:
     left.wait()
@@ -126,14 +127,13 @@ def _sigint(signum: int, frame: Any) -> None:
     for _ in range(8):  # the finalizer, or what it calls
         if f is None:
             break
-        if f.f_code is _FINALIZER:
+        if f.f_code in _FINALIZERS:
             _interrupt_later()
             return
         f = f.f_back
     raise KeyboardInterrupt
 
 
-_FINALIZER = TileArray.__del__.__code__
 if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _sigint)
 
@@ -177,12 +177,17 @@ class _Held:
     def __init__(self, rt: Runtime, handles: list[Any]) -> None:
         self.rt, self.handles = rt, handles
 
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # as TileArray's (see _sigint)
         try:
             stats.tiles_added(len(self.handles))  # counted out when they died; release counts them out
             self.rt.release(self.handles)
+        except KeyboardInterrupt:
+            _interrupt_later()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+_FINALIZERS = (TileArray.__del__.__code__, _Held.__del__.__code__)  # the finalizers that release tiles
 
 
 class Lowering:
