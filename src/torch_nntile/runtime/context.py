@@ -20,6 +20,7 @@ readout has reported yet. Every blocking wait is done in short slices, so Ctrl-C
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import os
 import signal
@@ -147,6 +148,7 @@ def failure_error(fid: int) -> KernelError:
     return err
 
 
+@functools.cache  # once a process: the initialisation it forces is the process's
 def _warm_vector_math() -> None:
     """Make PyTorch's first vectorized math calls here, before any worker does.
 
