@@ -94,14 +94,18 @@ silu_backward = define("silu_backward(Tensor grad, Tensor x) -> Tensor", _silu_b
 # -- RMS norm -------------------------------------------------------------------------------
 
 
+def _check_rms_dtype(x: torch.Tensor) -> None:
+    if not x.dtype.is_floating_point:
+        raise NotImplementedError(f"\"rms_norm\" not implemented for '{reduce.type_word(x.dtype)}'")
+
+
 def _rms_norm_cpu(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The tile kernel over the whole value (as PyTorch's composite ``rms_norm``, float32
     statistics for half types), keeping rstd."""
     shape = tuple(normalized_shape)
     norm.check_shapes(norm.RMS, x, shape, (weight,))
-    if not x.dtype.is_floating_point:
-        raise NotImplementedError(f"\"rms_norm\" not implemented for '{reduce.type_word(x.dtype)}'")
+    _check_rms_dtype(x)
     y = torch.empty_like(x)
     rstd = torch.empty(x.shape[:x.dim() - len(shape)] + (1,) * len(shape), dtype=x.dtype)
     norm.rms_norm_tile(shape, eps, weight is not None, False, y, rstd, x, *(() if weight is None else (weight,)))
@@ -111,8 +115,7 @@ def _rms_norm_cpu(x: torch.Tensor, normalized_shape: list[int], weight: torch.Te
 def _rms_norm(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     check_live()
-    if not x.dtype.is_floating_point:
-        raise NotImplementedError(f"\"rms_norm\" not implemented for '{reduce.type_word(x.dtype)}'")
+    _check_rms_dtype(x)
     y, rstd = norm.rms_norm(read(x), tuple(normalized_shape), _opt(weight), eps)
     return new_tensor(y), new_tensor(rstd)
 
