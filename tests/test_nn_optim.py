@@ -67,17 +67,24 @@ def _assert_match(mine: torch.optim.Optimizer, ours: list[nn.Parameter], ref: to
                 assert_close(v.detach().cpu(), w)
 
 
-def _run(cls: type, ref_cls: type, kw: dict, layout: str, steps: int = STEPS) -> None:
-    init = _init()
-    ours, theirs = _params(init, layout), _params(init, "cpu")
-    mine, ref = cls(ours, **kw), ref_cls(theirs, **kw)
-    for step in range(steps):
+def _step_both(mine: torch.optim.Optimizer, ours: list[nn.Parameter], ref: torch.optim.Optimizer,
+               theirs: list[nn.Parameter], init: list[torch.Tensor], steps: range, label: str | None = None) -> None:
+    """Steps of both optimizers on the same gradients; with ``label``, compared after each."""
+    for step in steps:
         grads = _grads(step, init)
         _set_grads(ours, grads)
         _set_grads(theirs, grads)
         mine.step()
         ref.step()
-        _assert_match(mine, ours, ref, theirs, f"step {step + 1}")
+        if label is not None:
+            _assert_match(mine, ours, ref, theirs, f"{label}step {step + 1}")
+
+
+def _run(cls: type, ref_cls: type, kw: dict, layout: str, steps: int = STEPS) -> None:
+    init = _init()
+    ours, theirs = _params(init, layout), _params(init, "cpu")
+    mine, ref = cls(ours, **kw), ref_cls(theirs, **kw)
+    _step_both(mine, ours, ref, theirs, init, range(steps), "")
     assert rel_err(theirs[0].detach(), init[0]) > 1e-3, "parameters did not move"
 
 
@@ -155,12 +162,7 @@ def test_param_groups_with_different_options(layout):
             return [dict(params=ps[:2], lr=0.1, **extra), dict(params=ps[2:], lr=0.01)]
 
         mine, ref = cls(groups(ours), lr=0.05), ref_cls(groups(theirs), lr=0.05)
-        for step in range(4):
-            grads = _grads(step, init)
-            _set_grads(ours, grads)
-            _set_grads(theirs, grads)
-            mine.step()
-            ref.step()
+        _step_both(mine, ours, ref, theirs, init, range(4))
         _assert_match(mine, ours, ref, theirs, cls.__name__)
 
 
@@ -217,13 +219,7 @@ def test_state_dict_round_trip_with_torch(which):
     ref = ref_cls(theirs, **kw)
     ref.load_state_dict(copy.deepcopy(mine.state_dict()))
     assert ref.state_dict()["param_groups"][0]["lr"] == kw["lr"]
-    for step in range(3, 6):
-        grads = _grads(step, init)
-        _set_grads(ours, grads)
-        _set_grads(theirs, grads)
-        mine.step()
-        ref.step()
-        _assert_match(mine, ours, ref, theirs, f"ours -> torch, step {step + 1}")
+    _step_both(mine, ours, ref, theirs, init, range(3, 6), "ours -> torch, ")
     # torch -> ours
     theirs = _params(init, "cpu")
     ref = ref_cls(theirs, **kw)
@@ -234,13 +230,7 @@ def test_state_dict_round_trip_with_torch(which):
     mine = cls(ours, **kw)
     mine.load_state_dict(copy.deepcopy(ref.state_dict()))
     _assert_match(mine, ours, ref, theirs, "torch -> ours, loaded")
-    for step in range(3, 6):
-        grads = _grads(step, init)
-        _set_grads(ours, grads)
-        _set_grads(theirs, grads)
-        mine.step()
-        ref.step()
-        _assert_match(mine, ours, ref, theirs, f"torch -> ours, step {step + 1}")
+    _step_both(mine, ours, ref, theirs, init, range(3, 6), "torch -> ours, ")
 
 
 def test_lr_scheduler():
