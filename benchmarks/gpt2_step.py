@@ -26,6 +26,11 @@ b*s*E*V. The backward computes two products the size of each forward one (grad i
 grad weight or the other operand; every input needs its gradient since the embedding
 is trained), so a step is 3 * (L * (12*b*s*E^2 + 2*b*h*s*s*d) + b*s*E*V).
 
+``--capture``: the nntile step is ``torch_nntile.capture(fn)`` (recorded in the warm-up
+steps, replayed in the timed ones) and its AdamW is ``capturable=True`` (the step count
+and bias corrections as tensors, so a replay repeats them); CPU eager keeps the default
+AdamW.
+
 Tiling (``--tile-*``, a size, a comma-separated list of sizes or ``none``; a preset's
 tilings apply to the groups not given): the axis groups are named from the inputs and
 the weights, as the README's HuggingFace section advises: ``batch`` and ``seq`` (dims 0
@@ -105,20 +110,26 @@ def tile(model: torch.nn.Module, ids: torch.Tensor, tilings: dict[str, Tiling]) 
             torch_nntile.set_axis_group_tiling(name, t)
 
 
-def make_side(device: str, p: Preset, tilings: dict[str, Tiling]):
+def make_side(device: str, p: Preset, tilings: dict[str, Tiling], capture: bool = False):
     """One side's training step as a callable returning the loss, the same weights and data on both."""
     model = gpt2(p).to(device)
     ids = torch.randint(0, p.vocab, (p.batch, p.seq), generator=torch.Generator().manual_seed(1)).to(device)
+    captured = capture and device == "nntile"
     if device == "nntile":
         tile(model, ids, tilings)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=captured)
 
-    def step() -> float:
+    def train(ids: torch.Tensor) -> torch.Tensor:
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.item()  # on nntile this flushes and waits for the loss
+        return loss
+
+    fn = torch_nntile.capture(train) if captured else train
+
+    def step() -> float:
+        return fn(ids).item()  # on nntile this flushes and waits for the loss
 
     return step
 
@@ -136,6 +147,7 @@ def main() -> None:
                           ("vocab", "1000 small, 8192 medium")):
         ap.add_argument(f"--tile-{group}", help=f"tile size(s) of the {group} axis group (extent {extent}), or none")
     ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
+    ap.add_argument("--capture", action="store_true", help="replay the nntile step with torch_nntile.capture")
     add_common_args(ap)
     args = ap.parse_args()
     preset = PRESETS[args.size]
@@ -150,11 +162,11 @@ def main() -> None:
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=args.cpu_fallback, scheduler=args.scheduler)
     rate = mm_rate(args.mm_size) if args.rss_side is None else 0.0  # eager's threads, before the timed steps
     if args.rss_side is not None:
-        rss_side(make_side(args.rss_side, preset, tilings), args.warmup, args.rss_steps, args.rss_side == "nntile")
+        rss_side(make_side(args.rss_side, preset, tilings, args.capture), args.warmup, args.rss_steps, args.rss_side == "nntile")
         torch_nntile.shutdown_context()
         return
     cpu_step = make_side("cpu", preset, tilings)
-    dev_step = make_side("nntile", preset, tilings)
+    dev_step = make_side("nntile", preset, tilings, args.capture)
     for _ in range(args.warmup):
         want, got = cpu_step(), dev_step()
     torch_nntile.wait()
@@ -168,7 +180,9 @@ def main() -> None:
           f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW")
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
-    print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block}; {tiled})")
+    captured = "; captured" if args.capture else ""
+    print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block}; {tiled}"
+          f"{captured})")
     fallbacks = torch_nntile.fallback_counts()
     if fallbacks:
         per_step = ", ".join(f"{op} {n / nsteps:g}" for op, n in sorted(fallbacks.items()))

@@ -50,12 +50,17 @@ def make_side(device: str, args: argparse.Namespace):
         torch_nntile.set_axis_group_tiling("batch", args.tile)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    def step() -> float:
+    def train(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.item()  # on nntile this flushes and waits for the loss
+        return loss
+
+    fn = torch_nntile.capture(train) if args.capture and device == "nntile" else train
+
+    def step() -> float:
+        return fn(x, y).item()  # on nntile this flushes and waits for the loss
 
     return model, step
 
@@ -70,6 +75,8 @@ def main() -> None:
     ap.add_argument("--ncpu", type=int, default=2)
     ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
     ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
+    ap.add_argument("--capture", action="store_true",
+                    help="replay the nntile step with torch_nntile.capture (recorded in the warm-up steps)")
     ap.add_argument("--trace", metavar="PATH", help="write a Chrome trace of one extra nntile step")
     add_common_args(ap)
     args = ap.parse_args()

@@ -20,7 +20,8 @@ from conftest import assert_close
 import torch_nntile
 from torch_nntile.backend import fallback as _fallback_mod
 
-PHASES = {"record", "ingress", "fallback", "compile", "compile.axis_groups", "compile.lowering", "run", "wait", "readout"}
+PHASES = {"record", "ingress", "fallback", "compile", "compile.axis_groups", "compile.lowering", "run", "replay", "wait",
+          "readout"}
 INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "ops_pruned", "tiles_live", "tiles_peak", "tiles_registered",
              "tiles_spare", "bytes_in", "bytes_out", "dry_run"}
 

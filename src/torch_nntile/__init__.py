@@ -17,6 +17,7 @@ import torch
 
 from torch_nntile import backend as _backend  # noqa: F401  (registers the device)
 from torch_nntile import stats as _stats
+from torch_nntile.backend.capture import Captured, CaptureError, capture
 from torch_nntile.backend.device import read as _read
 from torch_nntile.graph import axes as _axes
 from torch_nntile.report import (
@@ -43,7 +44,8 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "KernelError", "built_with_cuda", "compile_graph", "dump_graph", "empty_cache", "execute", "fallback_counts",
+    "Captured", "CaptureError", "KernelError", "built_with_cuda", "capture", "compile_graph", "dump_graph",
+    "empty_cache", "execute", "fallback_counts",
     "format_axis_groups",
     "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
     "pending_op_names", "print_axis_groups", "print_info", "reset_info", "restore_where", "restrict_cpu",

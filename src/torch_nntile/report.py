@@ -26,6 +26,7 @@ _PHASE_LABELS = {
     "compile.axis_groups": "  axis groups",
     "compile.lowering": "  lowering to tile tasks",
     "run": "run (submit to StarPU)",
+    "replay": "replay (captured steps)",
     "wait": "wait",
     "readout": "readout (copies to CPU)",
 }

@@ -45,6 +45,7 @@ class Session:
         self.generation = 0  # shutdowns so far: a tensor made in an earlier generation has no value any more
         self.flush_ops = FLUSH_OPS  # see flush_early; sys.maxsize after one failed, until an explicit compile
         self._dumps = itertools.count()
+        self.tracer: Any = None  # capture: sees every batch of tasks submitted and every value read back
 
     def init(self, ncpu: int, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
         if ncuda:
@@ -141,6 +142,8 @@ class Session:
             try:
                 rt.sent = 0
                 self.compiled = None
+                if self.tracer is not None:
+                    self.tracer.tasks(rt, ctx.tasks)
                 rt.submit(ctx.tasks)
             except BaseException:
                 if rt.sent == 0:  # nothing reached StarPU (e.g. Ctrl-C): the next run() submits it
@@ -171,7 +174,10 @@ class Session:
                 self.execute()
             if self.progress is not None:
                 self.wait()  # run(progress=...) reports through the wait of its value
-            return readout(self.runtime(), node)
+            cpu = readout(self.runtime(), node)
+            if self.tracer is not None:
+                self.tracer.read(node.value, cpu)
+            return cpu
 
     def empty_cache(self) -> None:
         with self.lock:

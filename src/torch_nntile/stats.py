@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 PHASES = (
     "record", "ingress", "fallback", "compile", "compile.axis_groups", "compile.lowering",
-    "run", "wait", "readout",
+    "run", "replay", "wait", "readout",
 )
 
 perf = time.perf_counter

@@ -99,7 +99,7 @@ class Buf:
     """The payload of one storage: the current node of its base tensor, and the
     context generation it belongs to (its value dies with that context)."""
 
-    __slots__ = ("node", "views", "generation")
+    __slots__ = ("node", "views", "generation", "__weakref__")
 
     def __init__(self, node: DataNode) -> None:
         self.node = node

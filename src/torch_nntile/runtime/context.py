@@ -118,6 +118,26 @@ class Done(threading.Event):
         self.failure = 0
 
 
+class Batch:
+    """Tasks as StarPU is sent them, less their handles (``Runtime.prepare``)."""
+
+    __slots__ = ("n", "_tasks", "nbufs", "modes", "ngemm", "gemm", "coef", "n_ew", "ew", "ewc", "closures")
+
+    def __init__(self, tasks: list[Any], nbufs: Any, modes: Any, ngemm: int, gemm: Any, coef: Any, n_ew: int,
+                 ew: Any, ewc: Any, closures: list[tuple[int, Callable[..., None], list[TileSpec], str]]) -> None:
+        self.n, self._tasks = len(tasks), tasks
+        self.nbufs, self.modes, self.ngemm, self.gemm, self.coef = nbufs, modes, ngemm, gemm, coef
+        self.n_ew, self.ew, self.ewc, self.closures = n_ew, ew, ewc, closures
+
+    def tasks(self, handles: list[Any]) -> list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]]:
+        """The tasks again, on ``handles`` (for naming failures: the rare path)."""
+        out, off = [], 0
+        for fn, _old, modes, specs, name in self._tasks:
+            out.append((fn, handles[off:off + len(modes)], modes, specs, name))
+            off += len(modes)
+        return out
+
+
 def _new_failure(f: Failure, reported: bool = False) -> int:
     """Register a failure (from any thread); its id is what tiles carry."""
     fid = next(_FAILURE_IDS)
@@ -356,20 +376,17 @@ class Runtime:
         raises, ``self.sent`` says how many of the tasks reached StarPU; the tiles the
         others would have written hold the error.
         """
-        self.sent = 0
-        self.check_alive()
-        if self.skip_starpu:
-            stats.COUNTS["tasks_skipped"] += len(tasks)
-            return
-        if self._unnamed:
-            self._name_failures(tasks)
-        # The batch goes to StarPU in one C call that does not hold the GIL, so the
-        # workers keep running (and Python kernels keep their turns) while it goes in.
+        self.submit_batch(self.prepare(tasks, notify is not None), [h for t in tasks for h in t[1]], notify)
+
+    def prepare(self, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
+                notify_last: bool = False) -> Batch:
+        """What StarPU is sent for ``tasks``, less their handles: which tasks run in C
+        and with what arguments, which call back into Python. A replayed step
+        (``capture``) prepares its tasks once and submits them with new handles."""
         native = self.native_gemm and not _SKIP_KERNELS
-        names, dtypes, tracing = self._gemm_names, self._gemm_dtypes, int(stats.TRACE is not None)
+        names, dtypes = self._gemm_names, self._gemm_dtypes
         f32 = torch.float32
         nbufs: list[int] = []
-        hs: list[Any] = []
         ms: list[int] = []
         gemm: list[int] = []
         coef: list[float] = []
@@ -377,14 +394,13 @@ class Runtime:
         ewc: list[float] = []
         native_ew = self.native_ew and not _SKIP_KERNELS
         n_ew = 0
-        closures = {}
-        key0, n, last = self._next, len(tasks), len(tasks) - 1
+        closures: list[tuple[int, Callable[..., None], list[TileSpec], str]] = []
+        last = len(tasks) - 1
         for i, (fn, handles, modes, specs, name) in enumerate(tasks):
             nbufs.append(len(handles))
-            hs += handles
             ms += modes
             kind = type(fn)
-            if native and (kind is Gemm or kind is PackB) and (i != last or notify is None):
+            if native and (kind is Gemm or kind is PackB) and (i != last or not notify_last):
                 dt = specs[0][1]
                 nid = names.get(name)
                 if nid is None and len(names) < _GEMM_NAMES:
@@ -401,7 +417,7 @@ class Runtime:
                              dt is torch.float64, nid, batch)
                     coef += (fn.alpha, 1.0 if fn.accumulate else 0.0)
                     continue
-            elif native_ew and kind is Kernel and (i != last or notify is None):
+            elif native_ew and kind is Kernel and (i != last or not notify_last):
                 rec = ew_record(fn, specs)
                 if rec is not None:
                     nid = names.get(name)
@@ -414,14 +430,31 @@ class Runtime:
                         ewc += consts
                         n_ew += 1
                         continue
-            closures[key0 + i] = (fn, specs, name, notify if i == last else None)
+            closures.append((i, fn, specs, name))
+        ffi = self.ffi
+        return Batch(tasks, ffi.new("int[]", nbufs), ffi.new("int[]", ms), len(gemm) // 10, ffi.new("int[]", gemm),
+                     ffi.new("double[]", coef), n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), closures)
+
+    def submit_batch(self, b: Batch, handles: list[Any], notify: Done | None = None) -> None:
+        """Submit a prepared batch on ``handles`` (every task's, in order); as ``submit``."""
+        self.sent = 0
+        self.check_alive()
+        n = b.n
+        if self.skip_starpu:
+            stats.COUNTS["tasks_skipped"] += n
+            return
+        if self._unnamed:
+            self._name_failures(b.tasks(handles))
+        key0, last = self._next, n - 1
         self._next = key0 + n
-        _CLOSURES.update(closures)
+        _CLOSURES.update({key0 + i: (fn, specs, name, notify if i == last else None)
+                          for i, fn, specs, name in b.closures})
         ffi = self.ffi
         out = ffi.new("int[2]")  # tasks that went in, StarPU's error
-        args = (n, key0, ffi.new("int[]", nbufs), ffi.new("tnt_handle[]", hs), ffi.new("int[]", ms),
-                len(gemm) // 10, ffi.new("int[]", gemm), ffi.new("double[]", coef),
-                n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), tracing, self.where, out)
+        # The batch goes to StarPU in one C call that does not hold the GIL, so the
+        # workers keep running (and Python kernels keep their turns) while it goes in.
+        args = (n, key0, b.nbufs, ffi.new("tnt_handle[]", handles), b.modes, b.ngemm, b.gemm, b.coef, b.n_ew, b.ew,
+                b.ewc, int(stats.TRACE is not None), self.where, out)
         try:
             with self._lock:
                 try:
@@ -440,6 +473,7 @@ class Runtime:
                 for key in range(key0 + out[0], key0 + n):
                     _CLOSURES.pop(key, None)
         if done < n:
+            tasks = b.tasks(handles)
             name = tasks[done][4]
             err = RuntimeError(f"starpu_task_submit failed ({out[1]}) for {name}")
             self._fail_writes(tasks[done:], Failure(name, err), reported=True)
