@@ -220,3 +220,44 @@ def test_arguments_must_be_passed_alike():
     assert torch.equal(w.cpu(), torch.full((3,), 20.0))
     step(y, x, 3.0)  # other tensors of the same geometry
     assert torch.equal(w.cpu(), torch.full((3,), 27.0))
+
+
+def test_random_ops_are_refused():
+    w = torch.ones(8).to("nntile")
+
+    def fn(x):
+        return torch.nn.functional.dropout(x * w, 0.5).sum()
+
+    step = torch_nntile.capture(fn)
+    x = torch.ones(8).to("nntile")
+    step(x)
+    step(x)
+    with pytest.raises(CaptureError, match="other kernel parameters or data"):
+        step(x)
+
+
+def test_a_replay_after_shutdown_raises(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch_nntile\n"
+        "torch_nntile.init_context(ncpu=2)\n"
+        "w = torch.zeros(3).to('nntile')\n"
+        "def fn(x):\n"
+        "    w.add_(x)\n"
+        "    return w.sum()\n"
+        "step = torch_nntile.capture(fn)\n"
+        "for _ in range(4):\n"
+        "    step(torch.ones(3).to('nntile'))\n"
+        "assert step.replays == 1\n"
+        "torch_nntile.shutdown_context()\n"
+        "torch_nntile.init_context(ncpu=2)\n"
+        "try:\n"
+        "    step(torch.ones(3).to('nntile'))\n"
+        "except torch_nntile.CaptureError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused: capture: the context the step was captured in was shut down" in out.stdout

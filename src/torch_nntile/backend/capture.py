@@ -73,7 +73,7 @@ class Captured:
         self._program: _Program | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat, _spec = _pytree.tree_flatten((args, kwargs))
+        flat, spec = _pytree.tree_flatten((args, kwargs))
         for i, a in enumerate(flat):
             if isinstance(a, torch.Tensor) and not is_nntile(a):
                 raise CaptureError(f"capture: argument {i} is a tensor on {a.device}; a captured step takes nntile "
@@ -82,7 +82,7 @@ class Captured:
         if self._program is not None:
             t0 = stats.enter()
             try:
-                out = self._program.replay(flat)
+                out = self._program.replay(flat, spec)
             finally:
                 stats.leave("replay", t0)
             self.replays += 1
@@ -90,6 +90,7 @@ class Captured:
         if self.calls == 1:
             return self.fn(*args, **kwargs)
         out, trace = _traced(self.fn, args, kwargs, flat)
+        trace.arg_spec = spec
         self._traces.append(trace)
         if len(self._traces) == 2:
             a, b = self._traces
@@ -121,6 +122,7 @@ class _Trace:
         self.outputs: list[Any] = []  # per flat result: (desc, axes) for tensors, else the value
         self.out_spec: Any = None
         self.arg_geometry: list[Any] = []
+        self.arg_spec: Any = None
         self.error: str | None = None
         self._descs: dict[int, tuple[tuple, TileArray]] = {}  # id(array) -> (its description, the array)
         self.refs: dict[Source, weakref.ref] = {}  # the Bufs of "buf" sources
@@ -216,7 +218,7 @@ class _Trace:
         if self.out_spec != other.out_spec or len(self.outputs) != len(other.outputs) or \
                 not all(_same(a[:2], b[:2]) for a, b in zip(self.outputs, other.outputs)):  # axis groups aside
             return "their results differ in kind or in a value that is not a tensor"
-        if not _same(self.arg_geometry, other.arg_geometry):
+        if self.arg_spec != other.arg_spec or not _same(self.arg_geometry, other.arg_geometry):
             return "their arguments differ"
         return None
 
@@ -366,7 +368,7 @@ class _Program:
         self.written = t.written
         self.outputs = t.outputs
         self.out_spec = t.out_spec
-        self.arg_geometry = t.arg_geometry
+        self.arg_geometry, self.arg_spec = t.arg_geometry, t.arg_spec
         owned: set[int] = set()
         for desc, _axes in [*t.written.values(), *[o[1:] for o in t.outputs if o[0] == "tensor"]]:
             _owned_slots(desc, owned)
@@ -384,9 +386,11 @@ class _Program:
         ref = self._bufs.get(src)
         return ref() if ref is not None else None
 
-    def replay(self, flat: list[Any]) -> Any:
+    def replay(self, flat: list[Any], spec: Any) -> Any:
         session = SESSION_STATE
         with session.lock:
+            if spec != self.arg_spec:
+                raise CaptureError(f"capture: the step was captured with arguments {self.arg_spec}, called with {spec}")
             self._check_args(flat)
             if SESSION.pending or session.compiled is not None:
                 session.execute()
