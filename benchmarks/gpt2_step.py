@@ -6,9 +6,10 @@ in one process. ``--size`` picks the model:
   small (default): 2 layers, n_embd 128, 4 heads, vocabulary 1000, batch 8, sequence 64,
                    untiled, 20 timed steps
   medium:          4 layers, n_embd 512, 8 heads, vocabulary 8192, batch 8, sequence 256,
-                   vocab tiled by 2048 (the LM head, its gradients and the loss in 4 tiles;
-                   measured faster than untiled and than hidden 64, one tile a head, with
-                   or without it), 10 timed steps (a step takes seconds)
+                   vocab tiled by 2048 (the LM head, its gradients and the loss in 4 tiles)
+                   and batch by 2 (every op in 4 tasks the two workers share; measured
+                   faster than batch 4 or untiled, than seq 128, and than hidden 64),
+                   10 timed steps (a step takes seconds)
 
 As in ``mlp_step.py``: ``loss.item()`` on nntile returns once the loss is known while
 the step's backward and update go on, so steps are timed in blocks of ``--block``
@@ -72,7 +73,7 @@ class Preset:
 PRESETS = {
     "small": Preset(n_layer=2, n_embd=128, n_head=4, vocab=1000, seq=64, batch=8, steps=20),
     "medium": Preset(n_layer=4, n_embd=512, n_head=8, vocab=8192, seq=256, batch=8, steps=10,
-                     tilings={"vocab": 2048}),
+                     tilings={"vocab": 2048, "batch": 2}),
 }
 
 

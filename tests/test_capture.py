@@ -261,3 +261,21 @@ def test_a_replay_after_shutdown_raises(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "refused: capture: the context the step was captured in was shut down" in out.stdout
+
+
+def test_results_that_are_values_from_before_the_step():
+    w = torch.arange(3.0).to("nntile")
+    acc = torch.zeros(3).to("nntile")
+
+    def fn(x):
+        acc.add_(x * w)
+        return x, w, acc
+
+    step = torch_nntile.capture(fn)
+    for i in range(5):
+        x = torch.full((3,), float(i)).to("nntile")
+        got_x, got_w, got_acc = step(x)
+        assert torch.equal(got_x.cpu(), torch.full((3,), float(i)))
+        assert torch.equal(got_w.cpu(), torch.arange(3.0))
+    assert step.replays == 2
+    assert torch.equal(acc.cpu(), torch.arange(3.0) * 10) and torch.equal(got_acc.cpu(), acc.cpu())

@@ -291,7 +291,8 @@ def _traced(fn: Callable[..., Any], args: tuple, kwargs: dict, flat: list[Any]) 
         sources[src] = (arr.shape, arr.dtype, arr.tiling)
         if i is None:
             refs[src] = weakref.ref(b)
-        start.setdefault(id(arr), src)
+        if id(arr) not in start or src < start[id(arr)]:  # the same source whatever order gc lists them in
+            start[id(arr)] = src
         held.append((b, b.node))
         for f, h in enumerate(arr.handles):
             outer.setdefault(h, []).append((src, f))
@@ -320,8 +321,10 @@ def _traced(fn: Callable[..., Any], args: tuple, kwargs: dict, flat: list[Any]) 
                 src = ("arg", i) if i is not None else ("buf", id(b))
                 trace.written[src] = (trace.desc(b.node.value, start), b.node.axes)
         elif id(b) not in out_bufs and b.node.value is not None:
-            trace.error = trace.error or (f"the step kept a tensor it made (shape {list(b.node.shape)}) outside its "
-                                          "result (in an attribute, a list, a .grad?): a replay could not update it")
+            trace.error = trace.error or (
+                f"the step kept a tensor it made (shape {list(b.node.shape)}) outside its result (in an attribute, a "
+                "list, a .grad, or the autograd graph of a result that requires grad: call backward inside the step, "
+                "or run it under torch.no_grad()): a replay could not update it")
     for t, node in zip(out_flat, nodes):
         if node is None:
             trace.outputs.append(("value", t))
@@ -441,17 +444,11 @@ class _Program:
                 if out[0] == "value":
                     results.append(out[1])
                 else:
-                    node = DataNode(out[1][1], out[1][2], out[2])
-                    node.value = self._build(out[1], handles, arrays, built)
-                    results.append(new_tensor(node))
+                    results.append(new_tensor(self._node(out[1], out[2], handles, arrays, built)))
             for src, (desc, axes) in self.written.items():
                 b = self._buf_of(src, flat)
-                if b is None:
-                    continue
-                node = DataNode(desc[1] if desc[0] != "outer" else arrays[desc[1]].shape,
-                                desc[2] if desc[0] != "outer" else arrays[desc[1]].dtype, axes)
-                node.value = self._build(desc, handles, arrays, built)
-                b.node, b.views = node, {}
+                if b is not None:
+                    b.node, b.views = self._node(desc, axes, handles, arrays, built), {}
             rt.release([h for h, owned in zip(regs, self.owned) if not owned])
             rt.recycle()
         return _pytree.tree_unflatten(results, self.out_spec)
@@ -485,6 +482,14 @@ class _Program:
             raise CaptureError(f"capture: a value the step reads back ({list(shape)} {dtype}) is not what it was "
                                "when the step was captured, so its Python would now take another path; nothing "
                                "was changed. Capture the step again (torch_nntile.capture(fn)) for it")
+
+    def _node(self, desc: tuple, axes: tuple, handles: list[Any], arrays: dict[Source, TileArray],
+              built: dict[int, TileArray]) -> DataNode:
+        """A new node holding the value ``desc`` describes, as a replay made it."""
+        arr = self._build(desc, handles, arrays, built)
+        node = DataNode(arr.shape, arr.dtype, axes)
+        node.value = arr
+        return node
 
     def _build(self, desc: tuple, handles: list[Any], arrays: dict[Source, TileArray],
                built: dict[int, TileArray]) -> TileArray:
