@@ -21,10 +21,12 @@ class AxisGroup:
         self.extent = extent
         self.name: str | None = None
         self.aliases: tuple[str, ...] = ()  # names of named groups merged into this one
-        # (source group, factor): with no tiling of its own, this group takes the
+        # (source group, factor) pairs: with no tiling of its own, this group takes a
         # source's tile sizes times factor (> 0) or divided by -factor (< 0) where
-        # they divide (a reshape merging or splitting a dim keeps its tiles).
-        self.derive: tuple[AxisGroup, int] | None = None
+        # they divide (a reshape merging or splitting a dim keeps its tiles). A merged
+        # group keeps every member's: reshapes back and forth link groups both ways,
+        # and only some links lead to a named tiling.
+        self.derive: tuple[tuple[AxisGroup, int], ...] = ()
 
     def names(self) -> tuple[str, ...]:
         return ((self.name,) if self.name is not None else ()) + self.aliases
@@ -46,9 +48,13 @@ _NAMES: dict[str, weakref.ref[AxisGroup]] = {}
 _TILINGS: dict[str, int | tuple[int, ...]] = {}
 
 
+MAX_LINKS = 4  # derivation links a merged group keeps (groups merged every step must not grow)
+
+
 def new_group(extent: int, derive: tuple[AxisGroup, int] | None = None) -> AxisGroup:
     g = AxisGroup(extent)
-    g.derive = derive
+    if derive is not None:
+        g.derive = (derive,)
     _ALL.add(g)
     return g
 
@@ -60,8 +66,8 @@ def union(a: AxisGroup, b: AxisGroup) -> AxisGroup:
         return ra
     if ra.extent != rb.extent:
         raise ValueError(f"cannot merge axis groups of extents {ra.extent} and {rb.extent}")
-    if ra.derive is None:
-        ra.derive = rb.derive
+    if rb.derive and len(ra.derive) < MAX_LINKS:
+        ra.derive = (ra.derive + tuple(d for d in rb.derive if d not in ra.derive))[:MAX_LINKS]
     if ra.name is None:
         ra.name, ra.aliases = rb.name, rb.aliases
     else:
@@ -167,30 +173,40 @@ def tiling_of(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None = 
 
 def _derived(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None,
              seen: set[AxisGroup]) -> tuple[int, ...]:
-    """The tiling a group with none of its own takes from the group it was reshaped
-    from (``seen``: the groups of this chain, so a cycle of derivations ends)."""
-    if root.derive is None or root in seen:
-        return (root.extent,)
+    """The tiling a group with none of its own takes from a group it was reshaped from:
+    the first link, depth first, that leads to more than one tile (``seen``: the groups
+    visited, so cycles of links end and each group is looked at once); untiled if none
+    does."""
+    found = _follow(root, cache, seen)
+    return found if found is not None else (root.extent,)
+
+
+def _follow(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None,
+            seen: set[AxisGroup]) -> tuple[int, ...] | None:
+    if root in seen:
+        return None
     seen.add(root)
-    src, factor = root.derive
-    src = src.root()
-    if src in seen:
-        return (root.extent,)
-    base = cache.get(src) if cache is not None else None
-    if base is None:
+    for src, factor in root.derive:
+        src = src.root()
+        if src in seen:
+            continue
         if any(n in _TILINGS for n in src.names()):
-            base = tiling_of(src, cache)
+            base: tuple[int, ...] | None = tiling_of(src, cache)
         else:
-            base = _derived(src, cache, seen)
-            if cache is not None:
-                cache[src] = base
-    if factor > 0:
-        sizes = tuple(s * factor for s in base)
-    elif all(s % -factor == 0 for s in base):
-        sizes = tuple(s // -factor for s in base)
-    else:
-        return (root.extent,)
-    return sizes if sum(sizes) == root.extent else (root.extent,)
+            base = cache.get(src) if cache is not None else None
+            if base is None:
+                base = _follow(src, cache, seen)
+        if base is None or len(base) < 2:
+            continue
+        if factor > 0:
+            sizes = tuple(s * factor for s in base)
+        elif all(s % -factor == 0 for s in base):
+            sizes = tuple(s // -factor for s in base)
+        else:
+            continue
+        if sum(sizes) == root.extent:
+            return sizes
+    return None
 
 
 def groups_report() -> list[tuple[AxisGroup, int]]:

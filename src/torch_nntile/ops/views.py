@@ -19,6 +19,7 @@ from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record
+from torch_nntile.ops.index import boxes
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 # -- permute -------------------------------------------------------------------
@@ -301,13 +302,59 @@ def decode(base_shape: tuple[int, ...], sizes: tuple[int, ...], strides: tuple[i
     return r_shape, perm, s_shape, (sizes if expanded else None)
 
 
+@lru_cache(maxsize=4096)
+def decode_box(n: int, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> tuple | None:
+    """Steps (R, box, perm, S, expand_to) such that view = expand(reshape(permute(box of
+    reshape(base, R)), S)), ``box`` a (start, size) per dim of R: views that slice
+    (``split``, ``narrow``, ``x[:, 1:]``), for a base of ``n`` items.
+
+    R has one dim per traversed dim of the view, in decreasing stride, each as long as
+    the stride above it allows, and one more inner dim, held at one index, where the
+    smallest stride exceeds 1. None when the view is not such a box (strides that do
+    not nest, ranges that wrap)."""
+    core = [(st, sz, d) for d, (sz, st) in enumerate(zip(sizes, strides)) if sz != 1 and st != 0]
+    if not core or not n or any(sz == 0 for sz in sizes):
+        return None
+    order = sorted(core, key=lambda c: -c[0])
+    r_shape, box = [], []
+    outer = n
+    for st, sz, _ in order:
+        if outer % st:
+            return None
+        extent = outer // st
+        start = (offset // st) % extent
+        if start + sz > extent:
+            return None
+        r_shape.append(extent)
+        box.append((start, sz))
+        outer = st
+    if outer > 1:  # the smallest stride skips items: an inner dim, held at one index
+        r_shape.append(outer)
+        box.append((offset % outer, 1))
+    if offset // order[0][0] >= n // order[0][0]:
+        return None
+    perm = tuple(order.index(c) for c in core)
+    s_shape = tuple(1 if st == 0 else sz for sz, st in zip(sizes, strides))
+    expanded = any(sz != 1 and st == 0 for sz, st in zip(sizes, strides))
+    return tuple(r_shape), tuple(box), perm, s_shape, (sizes if expanded else None)
+
+
 def read_view(base: DataNode, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> DataNode:
-    """The value seen through a view of ``base`` (a contiguous tensor)."""
+    """The value seen through a view of ``base`` (a contiguous tensor): reshapes,
+    permutations and boxes (which keep the tiling of the dims they do not cut) where
+    the view is one, else a strided copy of the whole value."""
     steps = decode(base.shape, sizes, strides, offset)
-    if steps is None:
-        return record(AS_STRIDED, (base,), (sizes, strides, offset), [(sizes, base.dtype, None)])[0]
-    r_shape, perm, s_shape, exp = steps
-    v = permute(reshape(base, r_shape), perm)
+    if steps is not None:
+        r_shape, perm, s_shape, exp = steps
+        v = permute(reshape(base, r_shape), perm)
+    else:
+        steps = decode_box(base.numel, sizes, strides, offset)
+        if steps is None:
+            return record(AS_STRIDED, (base,), (sizes, strides, offset), [(sizes, base.dtype, None)])[0]
+        r_shape, box, perm, s_shape, exp = steps
+        v = reshape(base, r_shape)
+        v = boxes("slice", v, tuple(((0, sz, start, False),) for start, sz in box), tuple(sz for _, sz in box), None)
+        v = permute(reshape(v, tuple(sz for _, sz in box[:len(perm)])), perm)
     v = reshape(v, s_shape)
     return expand(v, exp) if exp is not None else v
 
