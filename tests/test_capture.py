@@ -8,7 +8,7 @@ import torch
 from conftest import assert_close
 
 import torch_nntile
-from torch_nntile import CaptureError
+from torch_nntile import CaptureError, training
 
 
 def mlp(seed: int = 0) -> torch.nn.Module:
@@ -21,10 +21,10 @@ def batches(n: int, rows: int = 5) -> list[torch.Tensor]:
     return [torch.randn(rows, 6, generator=g) for _ in range(n)]
 
 
-def trainer(device: str, capturable: bool, tiles: list[int] | None = None):
+def trainer(device: str, capturable: bool, tiles: list[int] | None = None, adamw: type = torch.optim.AdamW):
     """A model, its AdamW and a step function returning the loss (tensor)."""
     model = mlp().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=capturable)
+    opt = adamw(model.parameters(), lr=1e-2, capturable=capturable)
 
     def step(x: torch.Tensor) -> torch.Tensor:
         if tiles is not None:
@@ -39,10 +39,11 @@ def trainer(device: str, capturable: bool, tiles: list[int] | None = None):
     return model, step
 
 
+@pytest.mark.parametrize("adamw", [torch.optim.AdamW, training.AdamW], ids=["torch", "fused"])
 @pytest.mark.parametrize("tiles", [None, [3, 2]], ids=["untiled", "uneven"])
-def test_replay_gives_the_recorded_numbers(tiles):
-    plain_model, plain = trainer("nntile", True, tiles)
-    cap_model, fn = trainer("nntile", True, tiles)
+def test_replay_gives_the_recorded_numbers(tiles, adamw):
+    plain_model, plain = trainer("nntile", True, tiles, adamw)
+    cap_model, fn = trainer("nntile", True, tiles, adamw)
     step = torch_nntile.capture(fn)
     for x in batches(7):
         xn = x.to("nntile")

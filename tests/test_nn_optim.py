@@ -116,6 +116,29 @@ def test_adamw_matches_torch(config, layout):
     _run(AdamW, torch.optim.AdamW, ADAMW_CONFIGS[config], layout)
 
 
+@pytest.mark.parametrize("layout", ["untiled", "tiled"])
+@pytest.mark.parametrize("config", ["default", "amsgrad_maximize_wd"])
+def test_capturable_adamw_matches_torch_and_the_host_scalars(config, layout):
+    """capturable=True keeps the step count on nntile and the kernel works the bias
+    corrections out from it, in double as the host does: the same parameters bit for bit
+    as capturable=False, and torch.optim's within RTOL."""
+    init = _init()
+    ours, host, theirs = _params(init, layout), _params(init, layout), _params(init, "cpu")
+    kw = ADAMW_CONFIGS[config]
+    mine, plain, ref = AdamW(ours, capturable=True, **kw), AdamW(host, **kw), torch.optim.AdamW(theirs, **kw)
+    for step in range(STEPS):
+        grads = _grads(step, init)
+        for ps in (ours, host, theirs):
+            _set_grads(ps, grads)
+        for opt in (mine, plain, ref):
+            opt.step()
+    for p, h, q in zip(ours, host, theirs):
+        assert torch.equal(p.detach().cpu(), h.detach().cpu())
+        assert_close(p.detach().cpu(), q.detach())
+    step = mine.state[ours[0]]["step"]
+    assert step.device.type == "nntile" and step.item() == STEPS
+
+
 def test_tiled_update_needs_no_retiling():
     """Gradients and state from other ops take the parameter's tiling through the update's
     merged axis groups: nothing is re-tiled, and a step is one task per tile per parameter."""

@@ -6,7 +6,8 @@ one graph op, run as one task per tile; on CPU tensors it runs the same math wit
 torch ops. They are ``torch.optim.Optimizer`` subclasses with ``torch.optim``'s
 arguments, checks, math and state (keys, a CPU ``step`` tensor), so param groups, LR
 schedulers and ``state_dict`` round trips with ``torch.optim`` work unchanged. The
-scalars of a step (learning rate, bias corrections) are worked out on the host.
+scalars of a step (learning rate, bias corrections) are worked out on the host, or,
+for a ``capturable`` AdamW, from a step count on the device by the kernel.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch.optim.optimizer import ParamsT
 from torch.optim.sgd import sgd as torch_sgd
 
 from torch_nntile.backend import table_optim
+from torch_nntile.ops.optim import bias_corrections
 
 
 def _number(x: float | torch.Tensor) -> float:
@@ -111,11 +113,16 @@ class SGD(_FusedOptimizer):
 
 class AdamW(_FusedOptimizer):
     """``torch.optim.AdamW`` (decoupled weight decay, AMSGrad, maximize) with one
-    ``torch_nntile::adamw_step`` per parameter per step."""
+    ``torch_nntile::adamw_step`` per parameter per step.
+
+    ``capturable``: as ``torch.optim``'s, the ``step`` count lives on the parameter's
+    device and the kernel works the bias corrections out from it, so every step records
+    the same ops and ``torch_nntile.capture`` can replay it."""
 
     def __init__(self, params: ParamsT, lr: float | torch.Tensor = 1e-3,
                  betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False) -> None:
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 capturable: bool = False) -> None:
         _check_lr(lr)
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
@@ -131,26 +138,28 @@ class AdamW(_FusedOptimizer):
             if isinstance(b, torch.Tensor) and b.numel() != 1:
                 raise ValueError(f"Tensor betas[{i}] must be 1-element")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize)
+                        maximize=maximize, capturable=capturable)
         super().__init__(params, defaults)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Also for a ``torch.optim.AdamW`` state being loaded: ``step`` becomes a CPU
-        tensor (a capturable or fused optimizer keeps it on the parameter's device)."""
+        tensor, or one on the parameter's device when ``capturable``."""
         super().__setstate__(state)
         for group in self.param_groups:
             group.setdefault("amsgrad", False)
             group.setdefault("maximize", False)
+            group.setdefault("capturable", False)
             for p in group["params"]:
                 p_state = self.state.get(p, {})
                 step = p_state.get("step")
-                if step is not None and not (isinstance(step, torch.Tensor) and step.device.type == "cpu"):
-                    p_state["step"] = torch.tensor(_number(step), dtype=_scalar_dtype())
+                where = p.device if group["capturable"] else torch.device("cpu")
+                if step is not None and not (isinstance(step, torch.Tensor) and step.device == where):
+                    p_state["step"] = torch.tensor(_number(step), dtype=_scalar_dtype(), device=where)
 
     def _group_step(self, group: dict[str, Any]) -> None:
         lr, eps, weight_decay = _number(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         beta1, beta2 = (_number(b) for b in group["betas"])
-        amsgrad, maximize = group["amsgrad"], group["maximize"]
+        amsgrad, maximize, capturable = group["amsgrad"], group["maximize"], group.get("capturable", False)
         for p in group["params"]:
             grad = p.grad
             if grad is None:
@@ -159,18 +168,20 @@ class AdamW(_FusedOptimizer):
                 raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
             state = self.state[p]
             if not state:
-                state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+                state["step"] = torch.zeros((), dtype=_scalar_dtype(), device=p.device if capturable else None)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if amsgrad:
                     state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] += 1
-            step = state["step"].item()
-            bias_correction1 = 1 - beta1**step
-            bias_correction2 = 1 - beta2**step
-            table_optim.adamw_step(p, grad, state["exp_avg"], state["exp_avg_sq"],
-                                   state["max_exp_avg_sq"] if amsgrad else None, lr, beta1, beta2, eps,
-                                   weight_decay, maximize, lr / bias_correction1, bias_correction2**0.5)
+            vmax = state["max_exp_avg_sq"] if amsgrad else None
+            if capturable:
+                table_optim.adamw_step(p, grad, state["exp_avg"], state["exp_avg_sq"], vmax, lr, beta1, beta2, eps,
+                                       weight_decay, maximize, 0.0, 0.0, state["step"])
+                continue
+            step_size, bias_correction2_sqrt = bias_corrections(lr, beta1, beta2, state["step"].item())
+            table_optim.adamw_step(p, grad, state["exp_avg"], state["exp_avg_sq"], vmax, lr, beta1, beta2, eps,
+                                   weight_decay, maximize, step_size, bias_correction2_sqrt)
 
 
 __all__ = ["AdamW", "SGD"]

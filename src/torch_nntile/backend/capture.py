@@ -53,8 +53,9 @@ class CaptureError(RuntimeError):
     inputs do not fit the captured step."""
 
 
-_HINT = ("values Python computes in the step are frozen in a replay: pass changing values as nntile tensors "
-         "(torch.optim: capturable=True)")
+_HINT = ("Values Python computes in the step are frozen in a replay: pass changing values as nntile tensors "
+         "(torch.optim: capturable=True; torch_nntile.training.AdamW works its bias corrections out on the host, "
+         "so replay steps with torch.optim.AdamW(capturable=True))")
 
 
 def capture(fn: Callable[..., Any]) -> Captured:

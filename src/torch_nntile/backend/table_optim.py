@@ -61,23 +61,34 @@ sgd_step = define(SGD_SCHEMA, _sgd_cpu, _sgd_nntile)
 
 ADAMW_SCHEMA = ("adamw_step(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, "
                 "Tensor(d!)? max_exp_avg_sq, float lr, float beta1, float beta2, float eps, float weight_decay, "
-                "bool maximize, float step_size, float bias_correction2_sqrt) -> ()")
+                "bool maximize, float step_size, float bias_correction2_sqrt, Tensor? step=None) -> ()")
+"""``step`` (a 0-dim count, on the parameter's device): the bias corrections are worked
+out from it, and ``step_size`` / ``bias_correction2_sqrt`` are ignored."""
 
 
 def _adamw_cpu(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                max_exp_avg_sq: torch.Tensor | None, lr: float, beta1: float, beta2: float, eps: float,
-               weight_decay: float, maximize: bool, step_size: float, bias_correction2_sqrt: float) -> None:
+               weight_decay: float, maximize: bool, step_size: float, bias_correction2_sqrt: float,
+               step: torch.Tensor | None = None) -> None:
+    if step is not None:
+        step_size, bias_correction2_sqrt = optim.bias_corrections(lr, beta1, beta2, step.item())
     optim.adamw_update(lr, beta1, beta2, eps, weight_decay, maximize, step_size, bias_correction2_sqrt,
                        param, exp_avg, exp_avg_sq, max_exp_avg_sq, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
 def _adamw_nntile(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                   max_exp_avg_sq: torch.Tensor | None, lr: float, beta1: float, beta2: float, eps: float,
-                  weight_decay: float, maximize: bool, step_size: float, bias_correction2_sqrt: float) -> None:
+                  weight_decay: float, maximize: bool, step_size: float, bias_correction2_sqrt: float,
+                  step: torch.Tensor | None = None) -> None:
     check_live()
     p, g, m, v, vmax = _operands(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
+    s = None
+    if step is not None:
+        s = read(step)
+        if s.shape != () or not s.dtype.is_floating_point:
+            raise NotNative(f"a step count of shape {list(s.shape)} and dtype {s.dtype}")
     outs = optim.adamw_step(p, g, m, v, vmax, lr, beta1, beta2, eps, weight_decay, maximize, step_size,
-                            bias_correction2_sqrt)
+                            bias_correction2_sqrt, s)
     for t, node in zip((param, exp_avg, exp_avg_sq, max_exp_avg_sq), outs):
         write(t, node)
 

@@ -21,7 +21,7 @@ import torch
 
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
-from torch_nntile.ops.base import Op, broadcast_axes, kernel_name, record
+from torch_nntile.ops.base import Op, broadcast_axes, input_index, kernel_name, record
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 Tile = torch.Tensor
@@ -81,9 +81,19 @@ def sgd_tile(lr: float, momentum: float, dampening: float, weight_decay: float, 
                buf[0] if buf else None)
 
 
+def bias_corrections(lr: float, beta1: float, beta2: float, step: float) -> tuple[float, float]:
+    """``step_size`` and ``bias_correction2_sqrt`` of step ``step``, in double (as the C
+    kernel works them out from a step count tile)."""
+    return lr / (1 - beta1**step), (1 - beta2**step) ** 0.5
+
+
 def adamw_tile(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
-               maximize: bool, step_size: float, bias_correction2_sqrt: float, *tiles: Tile) -> None:
+               maximize: bool, step_size: float | None, bias_correction2_sqrt: float, *tiles: Tile) -> None:
+    """``step_size`` None: the bias corrections come from the step count, the last tile."""
     n = 4 if amsgrad else 3
+    if step_size is None:
+        step_size, bias_correction2_sqrt = bias_corrections(lr, beta1, beta2, tiles[-1].item())
+        tiles = tiles[:-1]
     outs, ins = list(tiles[:n]), list(tiles[n:])
     if not amsgrad:
         outs.append(None)
@@ -107,10 +117,12 @@ def _sgd_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> t
 def _adamw_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
     """The scalars as ``adamw_update`` works them out (in double, rounded to float in C)."""
     lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, step_size, bias_correction2_sqrt = params
-    if not _same_shapes(shapes):
+    from_step = step_size is None
+    if not _same_shapes(shapes[:-1] if from_step else shapes) or (from_step and shapes[-1] != ()):
         return None
-    return ([native.ADAMW, native.numel(shapes[0]), int(amsgrad), int(maximize), int(weight_decay != 0)],
-            (1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, bias_correction2_sqrt, eps, -step_size))
+    scalars = (beta1, lr) if from_step else (bias_correction2_sqrt, -step_size)
+    return ([native.ADAMW, native.numel(shapes[0]), int(amsgrad), int(maximize), int(weight_decay != 0),
+             int(from_step)], (1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, scalars[0], eps, scalars[1]))
 
 
 native.ROWS[sgd_tile] = _sgd_rows
@@ -124,18 +136,21 @@ def _lower_update(ctx: Lowering, node: OpNode) -> None:
     kernel, name = node.attrs
     ins = [ctx.input(n) for n in node.inputs]  # one tiling for all: their groups are merged
     outs = [ctx.output(n) for n in node.outputs]
+    nd = len(outs[0].shape)
     for idx in outs[0].indices():
-        ctx.task(kernel, [Arg(o, idx, W) for o in outs] + [Arg(a, idx, R) for a in ins], name)
+        ctx.task(kernel, [Arg(o, idx, W) for o in outs] + [Arg(a, input_index(a, idx, nd), R) for a in ins], name)
 
 
 UPDATE = Op("update", _lower_update, kernel_name)
 """An optimizer's update of one parameter: ``attrs = (kernel, name)``; the kernel takes
-the output tiles, then the input tiles, of one tile index."""
+the output tiles, then the input tiles, of one tile index (a 0-dim input, a step
+count, is the same tile for every index)."""
 
 
 def update(name: str, kernel: Kernel, inputs: list[DataNode], n_out: int) -> tuple[DataNode, ...]:
-    """Record ``kernel`` over ``inputs`` (the parameter first; all of its shape and dtype),
-    giving ``n_out`` new values of the first input's shape, dtype and axis groups."""
+    """Record ``kernel`` over ``inputs`` (the parameter first; all of its shape and dtype
+    but a 0-dim step count last), giving ``n_out`` new values of the first input's shape,
+    dtype and axis groups."""
     shape, axes = broadcast_axes(inputs)
     return record(UPDATE, tuple(inputs), (kernel, name), [(shape, inputs[0].dtype, axes)] * n_out)
 
@@ -150,10 +165,13 @@ def sgd_step(p: DataNode, g: DataNode, buf: DataNode | None, lr: float, momentum
 
 def adamw_step(p: DataNode, g: DataNode, m: DataNode, v: DataNode, vmax: DataNode | None, lr: float, beta1: float,
                beta2: float, eps: float, weight_decay: float, maximize: bool, step_size: float,
-               bias_correction2_sqrt: float) -> tuple[DataNode, ...]:
-    """New parameter, ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq`` with AMSGrad)."""
+               bias_correction2_sqrt: float, step: DataNode | None = None) -> tuple[DataNode, ...]:
+    """New parameter, ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq`` with AMSGrad).
+    With ``step`` (a 0-dim count) the kernel works the bias corrections out from it, so
+    the recorded op is the same every step (``capture`` replays it)."""
     amsgrad = vmax is not None
-    kernel = Kernel(adamw_tile, lr, beta1, beta2, eps, weight_decay, amsgrad, maximize, step_size,
-                    bias_correction2_sqrt)
+    kernel = Kernel(adamw_tile, lr, beta1, beta2, eps, weight_decay, amsgrad, maximize,
+                    None if step is not None else step_size, 0.0 if step is not None else bias_correction2_sqrt)
     ins = [p, g, m, v] + ([vmax] if amsgrad else [])
-    return update("adamw_step", kernel, ins, len(ins) - 1)
+    n_out = len(ins) - 1
+    return update("adamw_step", kernel, ins + ([step] if step is not None else []), n_out)

@@ -45,14 +45,16 @@ void tnt_nn_sgd(const int32_t *p, const double *consts, void *const *bufs)
     }
 }
 
-/* adamw: n, amsgrad, maximize, weight_decay (0/1); consts 1 - lr * weight_decay,
-   1 - beta1, beta2, 1 - beta2, sqrt(bias correction 2), eps, -step_size;
-   buffers p_out, m_out, v_out, [vmax_out], p, g, m, v, [vmax] */
+/* adamw: n, amsgrad, maximize, weight_decay, from_step (0/1); consts 1 - lr * weight_decay,
+   1 - beta1, beta2, 1 - beta2, sqrt(bias correction 2), eps, -step_size; with from_step
+   the fifth and last are beta1 and lr, and the bias corrections come from the step
+   count in the last buffer (in double, as the host works them out);
+   buffers p_out, m_out, v_out, [vmax_out], p, g, m, v, [vmax], [step] */
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 void tnt_nn_adamw(const int32_t *p, const double *consts, void *const *bufs)
 {
     int64_t n = p[0];
-    int amsgrad = p[1], maximize = p[2], decay = p[3];
+    int amsgrad = p[1], maximize = p[2], decay = p[3], from_step = p[4];
     float keep = (float)consts[0], w = (float)consts[1], beta2 = (float)consts[2], c2 = (float)consts[3];
     float bc2 = (float)consts[4], eps = (float)consts[5], neg_step = (float)consts[6];
     int at = 0;
@@ -60,6 +62,11 @@ void tnt_nn_adamw(const int32_t *p, const double *consts, void *const *bufs)
     float *vmo = amsgrad ? bufs[at++] : NULL;
     const float *pi = bufs[at++], *gi = bufs[at++], *mi = bufs[at++], *vi = bufs[at++];
     const float *vmi = amsgrad ? bufs[at++] : NULL;
+    if (from_step) {
+        double step = *(const float *)bufs[at];
+        bc2 = (float)sqrt(1.0 - pow(consts[2], step));
+        neg_step = (float)(-(consts[6] / (1.0 - pow(consts[4], step))));
+    }
     /* torch.lerp: start + w (end - start) for |w| < 0.5, else end + (w - 1) (end - start) */
     int small = fabsf(w) < 0.5f;
     float coeff = small ? w : w - 1.0f;

@@ -22,7 +22,7 @@ static int nbuf_of(int kind, const int32_t *p)
     case TNT_ROWS_NLL_GRAD: return 4;
     case TNT_ROWS_ARANGE: return 1;
     case TNT_ROWS_SGD: return 3 + (p[1] != 0) + (p[2] != 0);
-    case TNT_ROWS_ADAMW: return 7 + 2 * (p[1] != 0);
+    case TNT_ROWS_ADAMW: return 7 + 2 * (p[1] != 0) + (p[4] != 0);
     case TNT_ROWS_RMS_NORM: return 3 + (p[2] != 0);
     case TNT_ROWS_RMS_NORM_GRAD: return 4 + (p[3] != 0);
     case TNT_ROWS_ROPE: return 4;
@@ -91,7 +91,7 @@ static void copy_boxes(const int32_t *p, void *const *bufs)
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
 {
     /* parameters per kind, how many of the first ones are sizes (never negative), constants */
-    static const int want[TNT_ROWS_NKINDS] = { 0, 4, 4, 4, 6, -1, 4, 4, 6, 6, 2, 6, 3, 6, 4, 3, 5, 6 };
+    static const int want[TNT_ROWS_NKINDS] = { 0, 4, 4, 4, 6, -1, 4, 4, 6, 6, 2, 6, 3, 6, 5, 3, 5, 6 };
     static const int sizes[TNT_ROWS_NKINDS] = { 0, 3, 3, 2, 2, 0, 3, 3, 3, 4, 1, 3, 3, 1, 1, 2, 2, 4 };
     static const int nconsts[TNT_ROWS_NKINDS] = { 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 4, 7, 1, 0, 0 };
     if (kind == TNT_ROWS_COPY_BOXES)

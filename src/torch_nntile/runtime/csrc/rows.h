@@ -26,10 +26,11 @@
      TNT_ROWS_SGD              n, momentum, reads_buf, nesterov, maximize, weight_decay
                                buffers: p_out, [buf_out], p, g, [buf]; -lr, momentum, 1 - dampening,
                                weight_decay  (flags 0/1; buf_out with momentum, buf when reads_buf)
-     TNT_ROWS_ADAMW            n, amsgrad, maximize, weight_decay
-                               buffers: p_out, m_out, v_out, [vmax_out], p, g, m, v, [vmax];
+     TNT_ROWS_ADAMW            n, amsgrad, maximize, weight_decay, from_step
+                               buffers: p_out, m_out, v_out, [vmax_out], p, g, m, v, [vmax], [step];
                                1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2,
-                               sqrt(bias correction 2), eps, -step_size
+                               sqrt(bias correction 2), eps, -step_size (from_step: beta1
+                               and lr in place of the bias correction and step size)
      TNT_ROWS_RMS_NORM         rows, n, has_w                buffers: y, rstd, x, [w]; eps
      TNT_ROWS_RMS_NORM_GRAD    rows, n, which, has_w, accumulate
                                buffers: o, g, x, rstd, [w]  (which: 0 input, 1 weight)
