@@ -85,3 +85,27 @@ def test_tiled_matches_cpu(family, tiling, cpu_fallback, record_property):
 @FALLBACK
 def test_llama_tiled_seq_hidden_vocab(cpu_fallback, record_property):
     _check_tiled("llama", {"seq": [8, 24, 32], "hidden": 64, "vocab": 256}, cpu_fallback, record_property)
+
+
+def test_gpt2_batch_tiling_reaches_the_attention():
+    """The batch tiling survives GPT-2's reshapes back and forth and its qkv ``split``:
+    only the embedding's gather of the flattened ids and two reshapes next to it re-tile
+    (before: 16 reshape and 6 strided-view re-tilings), and the loss and gradients are CPU's."""
+    ref, model = pair("gpt2-eager")
+    inputs = batch("gpt2-eager")
+    dev = to_nntile(inputs)
+    hook = name_axes(model, dev["input_ids"])
+    torch_nntile.set_axis_group_tiling("batch", 2)
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    got, want = model(**dev), ref(**inputs)
+    assert_loss_close(got.loss, want.loss)
+    got.loss.backward()
+    want.loss.backward()
+    assert_grads_close(model, ref)
+    hook.remove()
+    torch_nntile.wait()
+    retiles = torch_nntile.metrics()["retiles"]
+    assert set(retiles) <= {"index_select", "reshape"}, retiles
+    assert sum(retiles.get("reshape", {}).values()) <= 2, retiles
+    assert "'batch' (extent 8)" not in retiles.get("reshape", {}), retiles

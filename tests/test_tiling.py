@@ -162,3 +162,28 @@ def test_flatten_batch_and_sequence_keeps_the_batch_tiling():
     assert_close(flat.cpu(), (x * 2).reshape(24, 10) + 1)
     assert read(flat).value.tiling == ((8, 16), (5, 5))
     assert _retiles().get("reshape", 0) == 0, torch_nntile.metrics()["retiles"]
+
+
+def test_split_and_slices_keep_the_tiling_of_the_dims_they_do_not_cut():
+    """HF's qkv split of a flattened projection ([B*S, 3E] viewed as [B, S, 3E], split on
+    the last dim, then split into heads and transposed): box views of the batch tiles,
+    no re-tiling, CPU's values."""
+    b, s, e = 6, 4, 6
+    x = torch.randn(b * s, 3 * e)
+    xn = x.to("nntile")
+    torch_nntile.set_axis_group_name(xn, {0: "tokens_q"})
+    torch_nntile.set_axis_group_tiling("tokens_q", [8, 12, 4])  # batch tiles of 2, 3 and 1 rows
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    y = (xn * 2).view(b, s, 3 * e)
+    q, k, v = y.split(e, dim=2)
+    heads = k.view(b, s, 2, e // 2).transpose(1, 2)
+    want_y = (x * 2).view(b, s, 3 * e)
+    want_q, want_k, _ = want_y.split(e, dim=2)
+    got_heads, got_q, got_tail = heads + 0, q * 1, y[:, 1:, 2:] + 0
+    assert_close(got_heads.cpu(), want_k.view(b, s, 2, e // 2).transpose(1, 2) + 0)
+    assert_close(got_q.cpu(), want_q * 1)
+    assert_close(got_tail.cpu(), want_y[:, 1:, 2:] + 0)
+    assert read(got_q).value.tiling[0] == (2, 3, 1)
+    assert read(got_heads).value.tiling[0] == (2, 3, 1)
+    assert not torch_nntile.metrics()["retiles"], torch_nntile.metrics()["retiles"]
