@@ -24,8 +24,8 @@ class AxisGroup:
         # (source group, factor) pairs: with no tiling of its own, this group takes a
         # source's tile sizes times factor (> 0) or divided by -factor (< 0) where
         # they divide (a reshape merging or splitting a dim keeps its tiles). A merged
-        # group keeps every member's: reshapes back and forth link groups both ways,
-        # and only some links lead to a named tiling.
+        # group keeps its members' (up to MAX_LINKS): reshapes back and forth link
+        # groups both ways, and only some links lead to a named tiling.
         self.derive: tuple[tuple[AxisGroup, int], ...] = ()
 
     def names(self) -> tuple[str, ...]:
@@ -196,6 +196,8 @@ def _follow(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None,
             base = cache.get(src) if cache is not None else None
             if base is None:
                 base = _follow(src, cache, seen)
+                if base is not None and cache is not None:
+                    cache[src] = base  # a tiling found is the group's (a dead end may depend on the path)
         if base is None or len(base) < 2:
             continue
         if factor > 0:
