@@ -280,3 +280,26 @@ def test_results_that_are_values_from_before_the_step():
         assert torch.equal(got_w.cpu(), torch.arange(3.0))
     assert step.replays == 2
     assert torch.equal(acc.cpu(), torch.arange(3.0) * 10) and torch.equal(got_acc.cpu(), acc.cpu())
+
+
+def test_an_argument_tiled_otherwise_is_refused():
+    w = torch.zeros(5).to("nntile")
+
+    def fn(x):
+        w.add_(x)
+        return w.sum()
+
+    def arg(tiles):
+        x = torch.ones(5).to("nntile")
+        torch_nntile.set_axis_group_name(x, {0: "cap_arg"})
+        torch_nntile.set_axis_group_tiling("cap_arg", tiles)
+        return x
+
+    step = torch_nntile.capture(fn)
+    for _ in range(4):
+        step(arg([3, 2]))
+    assert step.replays == 1
+    with pytest.raises(CaptureError, match=r"argument 0\) is now \[5\] torch.float32 tiled \(\(5,\),\), captured as "
+                                           r"\[5\] torch.float32 tiled \(\(3, 2\),\)"):
+        step(arg(5))
+    assert torch.equal(w.cpu(), torch.full((5,), 4.0))
