@@ -376,7 +376,18 @@ class Runtime:
         raises, ``self.sent`` says how many of the tasks reached StarPU; the tiles the
         others would have written hold the error.
         """
-        self.submit_batch(self.prepare(tasks, notify is not None), [h for t in tasks for h in t[1]], notify)
+        if not self._dry_run_counts(len(tasks)):  # a dry run prepares nothing
+            self.submit_batch(self.prepare(tasks, notify is not None), [h for t in tasks for h in t[1]], notify)
+
+    def _dry_run_counts(self, n: int) -> bool:
+        """Start a submission of ``n`` tasks: True under TORCH_NNTILE_SKIP_STARPU, where
+        they are only counted."""
+        self.sent = 0
+        self.check_alive()
+        if self.skip_starpu:
+            stats.COUNTS["tasks_skipped"] += n
+            return True
+        return False
 
     def prepare(self, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
                 notify_last: bool = False) -> Batch:
@@ -437,12 +448,9 @@ class Runtime:
 
     def submit_batch(self, b: Batch, handles: list[Any], notify: Done | None = None) -> None:
         """Submit a prepared batch on ``handles`` (every task's, in order); as ``submit``."""
-        self.sent = 0
-        self.check_alive()
-        n = b.n
-        if self.skip_starpu:
-            stats.COUNTS["tasks_skipped"] += n
+        if self._dry_run_counts(b.n):
             return
+        n = b.n
         if self._unnamed:
             self._name_failures(b.tasks(handles))
         key0, last = self._next, n - 1
