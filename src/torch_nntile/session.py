@@ -143,7 +143,7 @@ class Session:
                 rt.sent = 0
                 self.compiled = None
                 if self.tracer is not None:
-                    self.tracer.tasks(rt, ctx.tasks)
+                    self.tracer.tasks(ctx.tasks)
                 rt.submit(ctx.tasks)
             except BaseException:
                 if rt.sent == 0:  # nothing reached StarPU (e.g. Ctrl-C): the next run() submits it

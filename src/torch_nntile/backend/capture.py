@@ -41,7 +41,7 @@ from torch_nntile.backend.device import Buf, _buf, is_nntile, new_tensor, read
 from torch_nntile.graph.nodes import SESSION, DataNode
 from torch_nntile.kernels import Kernel
 from torch_nntile.ops.data import readout
-from torch_nntile.runtime.context import Batch, Runtime, W
+from torch_nntile.runtime.context import Batch, R, Runtime, W
 from torch_nntile.session import SESSION_STATE
 from torch_nntile.tiling.tiles import TileArray
 
@@ -152,7 +152,7 @@ class _Trace:
         return s
 
     # the session's hooks
-    def tasks(self, rt: Runtime, tasks: list[Any]) -> None:
+    def tasks(self, tasks: list[Any]) -> None:
         slot = self._slot
         self.segments.append((tasks, [slot(h, m) for t in tasks for h, m in zip(t[1], t[2])], []))
 
@@ -162,7 +162,7 @@ class _Trace:
         self.segments[-1][2].append((self._guard(arr), cpu))
 
     def _guard(self, arr: TileArray) -> tuple:
-        return arr.shape, arr.dtype, arr.tiling, tuple(self._slot(h, 1) for h in arr.handles)
+        return arr.shape, arr.dtype, arr.tiling, tuple(self._slot(h, R) for h in arr.handles)
 
     def desc(self, arr: TileArray, start: dict[int, Source]) -> tuple:
         """How a replay builds this value: a value that existed before the call (by its
@@ -373,14 +373,12 @@ class _Program:
         self.outputs = t.outputs
         self.out_spec = t.out_spec
         self.arg_geometry, self.arg_spec = t.arg_geometry, t.arg_spec
-        owned: set[int] = set()
+        owned: set[int] = set()  # the slots of values the step leaves behind
+        used = {src for _s, keys in self.inputs for src, _f in keys} | set(t.written)  # sources a replay reads
         for desc, _axes in [*t.written.values(), *[o[1:] for o in t.outputs if o[0] == "tensor"]]:
-            _owned_slots(desc, owned)
+            _left_behind(desc, owned, used)
         self.registers, self.owned = _allocate(t, owned)
         self.nslots = len(t.slots)
-        used = {src for _s, keys in self.inputs for src, _f in keys} | set(t.written)
-        for desc, _axes in [*t.written.values(), *[o[1:] for o in t.outputs if o[0] == "tensor"]]:
-            _outer_sources(desc, used)
         self.sources = {src: sig for src, sig in t.sources.items() if src in used}  # those a replay looks at
         self._bufs = {src: ref for src, ref in t.refs.items() if src in used}
 
@@ -565,18 +563,15 @@ def _allocate(t: _Trace, owned: set[int]) -> tuple[list[tuple[int, list[int], li
     return out, flags
 
 
-def _outer_sources(desc: tuple, out: set[Source]) -> None:
-    if desc[0] == "outer":
-        out.add(desc[1])
-    elif desc[0] == "view":
-        _outer_sources(desc[4], out)
-
-
-def _owned_slots(desc: tuple, out: set[int]) -> None:
+def _left_behind(desc: tuple, slots: set[int], sources: set[Source]) -> None:
+    """Add the new tiles (slots) and the values from before the step (sources) that a
+    value the step leaves behind is built of."""
     if desc[0] == "owner":
-        out.update(desc[4])
-    elif desc[0] == "view":
-        _owned_slots(desc[4], out)
+        slots.update(desc[4])
+    elif desc[0] == "outer":
+        sources.add(desc[1])
+    else:  # a view of another
+        _left_behind(desc[4], slots, sources)
 
 
 def describe_source(src: Source) -> str:
