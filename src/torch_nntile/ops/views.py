@@ -287,7 +287,6 @@ def decode(base_shape: tuple[int, ...], sizes: tuple[int, ...], strides: tuple[i
     """
     n = math.prod(base_shape)
     core = [(st, sz, d) for d, (sz, st) in enumerate(zip(sizes, strides)) if sz != 1 and st != 0]
-    expanded = any(sz != 1 and st == 0 for sz, st in zip(sizes, strides))
     if offset != 0 or math.prod(sz for _, sz, _ in core) != n:
         return None
     order = sorted(core, key=lambda c: -c[0])
@@ -296,10 +295,7 @@ def decode(base_shape: tuple[int, ...], sizes: tuple[int, ...], strides: tuple[i
         if st != expect:
             return None
         expect *= sz
-    r_shape = tuple(sz for _, sz, _ in order)
-    perm = tuple(order.index(c) for c in core)
-    s_shape = tuple(1 if st == 0 else sz for sz, st in zip(sizes, strides))
-    return r_shape, perm, s_shape, (sizes if expanded else None)
+    return (tuple(sz for _, sz, _ in order), *_arrange(core, order, sizes, strides))
 
 
 @lru_cache(maxsize=4096)
@@ -333,10 +329,18 @@ def decode_box(n: int, sizes: tuple[int, ...], strides: tuple[int, ...], offset:
         box.append((offset % outer, 1))
     if offset // order[0][0] >= n // order[0][0]:
         return None
+    return (tuple(r_shape), tuple(box), *_arrange(core, order, sizes, strides))
+
+
+def _arrange(core: list[tuple[int, int, int]], order: list[tuple[int, int, int]], sizes: tuple[int, ...],
+             strides: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...] | None]:
+    """The steps after R of ``decode`` and ``decode_box``: the permutation from R's order
+    (decreasing stride) to the view's, the shape with broadcast and size-1 dims as 1, and
+    the expanded shape if the view broadcasts (else None)."""
     perm = tuple(order.index(c) for c in core)
     s_shape = tuple(1 if st == 0 else sz for sz, st in zip(sizes, strides))
     expanded = any(sz != 1 and st == 0 for sz, st in zip(sizes, strides))
-    return tuple(r_shape), tuple(box), perm, s_shape, (sizes if expanded else None)
+    return perm, s_shape, (sizes if expanded else None)
 
 
 def read_view(base: DataNode, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> DataNode:
