@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 
 import pytest
 import torch
@@ -28,6 +31,13 @@ def _clean_tilings():
     torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=False)
     torch_nntile.execute()  # a test that left work pending must not leak it into the next
     torch_nntile.wait()
+
+
+def run_python(code: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (for what would end or upset this one); a hang
+    fails the test through the timeout."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, **kw)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

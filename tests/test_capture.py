@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, run_python
 
 import torch_nntile
 from torch_nntile import CaptureError, training
@@ -37,6 +37,16 @@ def trainer(device: str, capturable: bool, tiles: list[int] | None = None, adamw
         return loss
 
     return model, step
+
+
+def refused_at_the_third_call(fn, args: list[tuple], match: str) -> None:
+    """Calls 1 and 2 of ``capture(fn)`` run (the second traced); the third, traced and
+    compared with the second, raises ``match``."""
+    step = torch_nntile.capture(fn)
+    step(*args[0])
+    step(*args[1])
+    with pytest.raises(CaptureError, match=match):
+        step(*args[2])
 
 
 @pytest.mark.parametrize("adamw", [torch.optim.AdamW, training.AdamW], ids=["torch", "fused"])
@@ -106,12 +116,7 @@ def test_hf_gpt2_replays_its_mask_checks():
 
 def test_changing_python_scalars_are_refused():
     model, fn = trainer("nntile", False)  # torch.optim's bias corrections: Python floats that change every step
-    step = torch_nntile.capture(fn)
-    xs = [x.to("nntile") for x in batches(3)]
-    step(xs[0])
-    step(xs[1])
-    with pytest.raises(CaptureError, match="other kernel parameters.*capturable=True"):
-        step(xs[2])
+    refused_at_the_third_call(fn, [(x.to("nntile"),) for x in batches(3)], "other kernel parameters.*capturable=True")
     cpu_model, cpu_step = trainer("cpu", False)
     for x in batches(3):
         cpu_step(x)
@@ -139,12 +144,8 @@ def test_a_changed_argument_shape_is_refused_and_changes_nothing():
 
 def test_reading_a_changing_value_is_refused():
     _, fn = trainer("nntile", True)
-    step = torch_nntile.capture(lambda x: fn(x).item())
-    xs = [x.to("nntile") for x in batches(3)]
-    step(xs[0])
-    step(xs[1])
-    with pytest.raises(CaptureError, match="a value read back inside the step differs"):
-        step(xs[2])
+    refused_at_the_third_call(lambda x: fn(x).item(), [(x.to("nntile"),) for x in batches(3)],
+                              "a value read back inside the step differs")
 
 
 def test_a_branch_on_a_value_is_checked_at_every_replay():
@@ -175,12 +176,7 @@ def test_a_tensor_kept_outside_the_result_is_refused():
         kept.append(y)
         return y.sum()
 
-    step = torch_nntile.capture(fn)
-    x = torch.ones(3).to("nntile")
-    step(x)
-    step(x)
-    with pytest.raises(CaptureError, match="kept a tensor it made"):
-        step(x)
+    refused_at_the_third_call(fn, [(torch.ones(3).to("nntile"),)] * 3, "kept a tensor it made")
 
 
 def test_non_tensor_results_and_views():
@@ -229,18 +225,10 @@ def test_random_ops_are_refused():
     def fn(x):
         return torch.nn.functional.dropout(x * w, 0.5).sum()
 
-    step = torch_nntile.capture(fn)
-    x = torch.ones(8).to("nntile")
-    step(x)
-    step(x)
-    with pytest.raises(CaptureError, match="other kernel parameters or data"):
-        step(x)
+    refused_at_the_third_call(fn, [(torch.ones(8).to("nntile"),)] * 3, "other kernel parameters or data")
 
 
-def test_a_replay_after_shutdown_raises(tmp_path):
-    import subprocess
-    import sys
-
+def test_a_replay_after_shutdown_raises():
     code = (
         "import torch, torch_nntile\n"
         "torch_nntile.init_context(ncpu=2)\n"
@@ -259,7 +247,7 @@ def test_a_replay_after_shutdown_raises(tmp_path):
         "except torch_nntile.CaptureError as e:\n"
         "    print('refused:', e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert "refused: capture: the context the step was captured in was shut down" in out.stdout
 

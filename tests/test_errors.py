@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close
+from conftest import assert_close, run_python
 
 import torch_nntile
 
@@ -136,7 +133,7 @@ def test_use_after_shutdown_raises():
         "except RuntimeError as e:\n"
         "    print('ERR', e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_python(code)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "[2.0, 2.0, 2.0]"

@@ -14,14 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close
+from conftest import assert_close, run_python
 
 import torch_nntile
 from torch_nntile.backend.device import new_tensor, read
@@ -30,12 +29,6 @@ from torch_nntile.nn.model import DeepReLU
 from torch_nntile.ops.base import map_op
 
 CRASH_MARKS = ("Segmentation fault", "Aborted", "Fatal Python error", "core dumped", "SIGSEGV", "SIGABRT")
-
-
-def _python(code: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter; a hang fails the test through the timeout."""
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, **kw)
 
 
 def _no_crash(stderr: str) -> None:
@@ -95,7 +88,7 @@ def test_tile_without_memory_raises_at_readout_and_wait():
     """The reported case: 12 GB of ones in 8 GiB of address space hung forever inside
     StarPU. Now the read-back raises a MemoryError naming the op and the size, and
     later work still runs."""
-    out = _python(_NO_MEMORY, timeout=120)
+    out = run_python(_NO_MEMORY, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     _no_crash(out.stderr)
     res = json.loads(out.stdout.splitlines()[-1])
@@ -133,7 +126,7 @@ print(json.dumps({"before": before, "after": sorted(k for k in rt._spares if k[0
 def test_spares_are_freed_before_an_allocation_fails():
     """Like PyTorch's caching allocators, memory kept for reuse is freed and the
     allocation tried again before a tile is declared out of memory."""
-    out = _python(_SPARES_FREED, timeout=300)
+    out = run_python(_SPARES_FREED, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.splitlines()[-1])
     assert res["before"] == [[3 * 10**8, 4]]  # the spare was there
@@ -350,7 +343,7 @@ def test_ctrl_c_interrupts_readout_and_wait():
     assert latency["exit"] < 30.0, lines  # not the minute of work left
 
 
-def test_uncaught_ctrl_c_exits_like_python():
+def test_uncaught_ctrl_c_exits_likerun_python():
     """Not caught, KeyboardInterrupt ends the process the way it ends a CPU-only Python
     program: killed by SIGINT after the interpreter cleaned up, traceback on stderr."""
     lines, rc, err = _interrupt_each_wait("uncaught")
@@ -441,7 +434,7 @@ def test_exit_with_tasks_in_flight_50_runs():
 
 
 def test_exit_with_tasks_in_flight_fresh_interpreter():
-    out = _python("""
+    out = run_python("""
         import torch, torch_nntile
         x = torch.randn(512, 512).to("nntile")
         y = x
@@ -507,7 +500,7 @@ print(json.dumps(res))
 
 
 def test_use_after_shutdown_and_init_with_another_config():
-    out = _python(_RESTART)
+    out = run_python(_RESTART)
     assert out.returncode == 0, out.stderr[-3000:]
     _no_crash(out.stderr)
     res = json.loads(out.stdout.splitlines()[-1])
