@@ -1,5 +1,5 @@
 """One training step of a stock HuggingFace GPT-2 (GPT2LMHeadModel built from a config:
-tied embeddings, eager attention, no dropout), the loss computed by the model from
+tied embeddings, eager attention unless ``--attn sdpa``, no dropout), the loss computed by the model from
 ``labels``, ``torch.optim.AdamW``: nntile on StarPU and CPU eager, timed side by side
 in one process. ``--size`` picks the model:
 
@@ -27,6 +27,11 @@ b*s*E*V. The backward computes two products the size of each forward one (grad i
 grad weight or the other operand; every input needs its gradient since the embedding
 is trained), so a step is 3 * (L * (12*b*s*E^2 + 2*b*h*s*s*d) + b*s*E*V).
 
+``--attn sdpa`` runs HF's SDPA attention instead: ``scaled_dot_product_attention``, on
+nntile the tiled flash op (the ``[seq, seq]`` scores never exist whole), on CPU ATen's
+flash kernel; with ``--seq`` (the preset's sequence by default) it shows how each
+side's peak memory grows with the sequence. The floor still counts all ``s*s`` scores.
+
 ``--capture``: the nntile step is ``torch_nntile.capture(fn)`` (recorded in the warm-up
 steps, replayed in the timed ones) and its AdamW is ``capturable=True`` (the step count
 and bias corrections as tensors, so a replay repeats them); CPU eager keeps the default
@@ -43,6 +48,7 @@ states), ``vocab`` and ``hidden`` (dims 0 and 1 of ``wte.weight``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -68,6 +74,7 @@ class Preset:
     batch: int
     steps: int
     tilings: dict[str, Tiling] = field(default_factory=dict)
+    attn: str = "eager"  # HF's attn_implementation
 
 
 PRESETS = {
@@ -80,7 +87,7 @@ PRESETS = {
 def gpt2(p: Preset) -> torch.nn.Module:
     cfg = hf.GPT2Config(n_layer=p.n_layer, n_embd=p.n_embd, n_head=p.n_head, vocab_size=p.vocab, n_positions=p.seq,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                        tie_word_embeddings=True, attn_implementation="eager")
+                        tie_word_embeddings=True, attn_implementation=p.attn)
     torch.manual_seed(0)
     return hf.GPT2LMHeadModel(cfg)
 
@@ -149,9 +156,11 @@ def main() -> None:
         ap.add_argument(f"--tile-{group}", help=f"tile size(s) of the {group} axis group (extent {extent}), or none")
     ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
     ap.add_argument("--capture", action="store_true", help="replay the nntile step with torch_nntile.capture")
+    ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="HF attention implementation")
+    ap.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
     add_common_args(ap)
     args = ap.parse_args()
-    preset = PRESETS[args.size]
+    preset = dataclasses.replace(PRESETS[args.size], attn=args.attn, seq=args.seq or PRESETS[args.size].seq)
     steps = preset.steps if args.steps is None else args.steps
     if steps < 10:
         ap.error("--steps must be at least 10")
@@ -178,7 +187,7 @@ def main() -> None:
     nsteps = len(cpu_t) * args.block
     tiled = ", ".join(f"{k} {v}" for k, v in tilings.items() if v is not None) or "untiled"
     print(f"GPT-2 {args.size}: {preset.n_layer} layers, n_embd {preset.n_embd}, {preset.n_head} heads, "
-          f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW")
+          f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW, {preset.attn} attention")
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
     captured = "; captured" if args.capture else ""

@@ -90,6 +90,13 @@ def test_gpt2_step_prints_figures():
     assert "untiled" not in out and "seq 32" in out
 
 
+@pytest.mark.slow
+def test_gpt2_step_sdpa_attention_prints_figures():
+    out = _run("gpt2_step.py", "--steps", "10", "--block", "5", "--warmup", "1", "--attn", "sdpa", "--seq", "48")
+    _check_figures(out)
+    assert "seq 48" in out and "sdpa attention" in out and "fallback" not in out
+
+
 def test_gpt2_help_names_presets_and_tilings():
     r = subprocess.run([sys.executable, str(BENCH / "gpt2_step.py"), "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -28,6 +28,17 @@ def test_to_and_back():
     assert n.is_nntile
 
 
+def test_inference_mode_reads_back_an_inference_tensor():
+    """A read under inference mode gives what CPU gives there; the worker writes the
+    inference tensor it was handed."""
+    x = torch.randn(4, 6)
+    with torch.inference_mode():
+        want = torch.nn.functional.linear(x, x) * 2
+        got = (torch.nn.functional.linear(x.to("nntile"), x.to("nntile")) * 2).cpu()
+        assert got.is_inference() == want.is_inference()
+        assert_close(got, want)
+
+
 def test_factories():
     assert torch.equal(torch.tensor([1.0, 2.0], device="nntile").cpu(), torch.tensor([1.0, 2.0]))
     assert torch.equal(torch.zeros(2, 3, device="nntile").cpu(), torch.zeros(2, 3))

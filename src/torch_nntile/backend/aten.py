@@ -84,6 +84,14 @@ def register(name: str, fn: Callable[..., Any]) -> None:
 _OWN = torch.library.Library("torch_nntile", "DEF")
 
 
+def override_composite(name: str, fn: Callable[..., Any]) -> None:
+    """Run ``fn`` for a CompositeImplicitAutograd ATen op on nntile tensors in place of
+    its decomposition: at the autograd key (grad mode on or off) and at the backend
+    key, which calls reach where autograd is excluded (inference mode)."""
+    _LIB.impl(name, fn, "AutogradPrivateUse1")
+    _LIB.impl(name, fn, "PrivateUse1")
+
+
 def define(schema: str, cpu: Callable[..., Any], nntile: Callable[..., Any]) -> Any:
     """Define the op ``torch_nntile::<schema>``: ``cpu`` is its eager CPU kernel (plain
     torch code, also what the fallback runs), ``nntile`` records it (returning tensors,

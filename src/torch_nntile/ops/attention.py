@@ -1,10 +1,15 @@
 """Scaled dot-product attention and rotary embedding in the projection layout.
 
 Tensors are ``[batch, seq, head_size, heads]`` (what a linear projection reshapes
-to without a transpose). ``sdpa`` runs one task per (batch tile, head tile) with the
-sequence and head_size dims whole, calling ATen's CPU flash-attention kernel on the
-tile (its logsumexp is kept for the backward, which is one op returning all three
-gradients). With grouped kv heads, a head tile of q holds whole groups, so the kv
+to without a transpose) in our API; ``sdpa`` also takes the orders ``bshd`` (HF's
+projections, storage of stock SDPA's usual inputs) and ``bhsd`` (stock SDPA's
+logical order), so that stock ``scaled_dot_product_attention`` reads its inputs
+where they lie, without a permuting copy. ``sdpa`` runs one task per (batch tile,
+head tile) with the sequence and head_size dims whole, calling ATen's CPU
+flash-attention kernel on the tile: it walks key blocks with an online softmax, so
+the ``[seq, seq]`` scores never exist whole and memory grows with the sequence, not
+its square. Its logsumexp is kept for the backward, which is one op returning all
+three gradients. With grouped kv heads, a head tile of q holds whole groups, so the kv
 heads it reads (and whose gradients it writes) belong to it alone. ``rope`` runs one
 task per tile of x, with head_size whole (the rotation pairs its two halves).
 
@@ -15,6 +20,7 @@ eager CPU kernels of the ops and the bodies of the tile kernels.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -25,25 +31,37 @@ from torch_nntile.ops.base import Op, record
 from torch_nntile.tiling.tiles import Arg, Lowering, R, Tiling, W
 
 _aten = torch.ops.aten
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # -- checks (shared by the CPU kernels and the recording forms) -----------------------
 
 
-def check_sdpa(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> int:
-    """Validate q, k, v shapes ``[batch, seq, head_size, heads]``; return the number of
-    q heads per kv head."""
+LAYOUTS = ("bsdh", "bshd", "bhsd")  # the order of (batch, seq, head_size, heads) dims
+
+
+def bsdh(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """A 4-D shape in ``layout`` reordered to ``[batch, seq, head_size, heads]``."""
+    return tuple(shape[layout.index(c)] for c in "bsdh")
+
+
+def check_sdpa(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], dtypes: tuple[torch.dtype, ...],
+               layout: str = "bsdh") -> int:
+    """Validate q, k, v shapes (``[batch, seq, head_size, heads]`` in ``layout``'s
+    order); return the number of q heads per kv head."""
     if len(q) != 4 or len(k) != 4 or len(v) != 4:
         raise ValueError(f"sdpa: q, k and v must be 4-D [batch, seq, head_size, heads], got shapes {list(q)}, "
                          f"{list(k)} and {list(v)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"sdpa: layout must be one of {LAYOUTS}, got {layout!r}")
+    q, k, v = bsdh(q, layout), bsdh(k, layout), bsdh(v, layout)
     if k != v:
         raise ValueError(f"sdpa: k and v must have the same shape, got {list(k)} and {list(v)}")
     if q[0] != k[0] or q[2] != k[2]:
         raise ValueError(f"sdpa: q {list(q)} and k {list(k)} differ in batch or head_size")
     if (k[3] == 0 and q[3] != 0) or (k[3] and q[3] % k[3]):
         raise ValueError(f"sdpa: {q[3]} query heads are not a multiple of {k[3]} key/value heads")
-    if len(set(dtypes)) != 1 or dtypes[0] not in _FLOATS:
+    if len(set(dtypes)) != 1 or dtypes[0] not in FLOATS:
         raise TypeError(f"sdpa: q, k and v must share one floating dtype, got {[str(d) for d in dtypes]}")
     return q[3] // k[3] if k[3] else 1
 
@@ -73,11 +91,19 @@ def check_rope(x: tuple[int, ...], cos: tuple[int, ...], sin: tuple[int, ...]) -
 # -- plain computations (whole tensors or tiles) --------------------------------------
 
 
-def _heads_first(t: torch.Tensor, rep: int = 1) -> torch.Tensor:
-    """``[b, s, d, h]`` -> contiguous ``[b, h * rep, s, d]`` (each head repeated ``rep``
-    times in place, as HF's ``repeat_kv``): the layout the flash kernel needs."""
-    t = t.permute(0, 3, 1, 2)
-    return t.repeat_interleave(rep, dim=1) if rep > 1 else t.contiguous()
+def _heads_first(t: torch.Tensor, layout: str, rep: int = 1) -> torch.Tensor:
+    """A tensor in ``layout`` -> ``[b, h * rep, s, d]`` with head_size dense (each head
+    repeated ``rep`` times in place, as HF's ``repeat_kv``): what the flash kernel
+    reads (any other strides)."""
+    t = t.permute(*(layout.index(c) for c in "bhsd"))
+    if rep > 1:
+        return t.repeat_interleave(rep, dim=1)
+    return t if t.stride(3) == 1 else t.contiguous()
+
+
+def from_heads_first(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A ``[b, h, s, d]`` tensor seen in ``layout`` (a view)."""
+    return t.permute(*("bhsd".index(c) for c in layout))
 
 
 def _empty(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -85,43 +111,44 @@ def _empty(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rep: int, is_causal: bool,
-           scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+           scale: float | None, layout: str = "bsdh") -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output ``[b, h, sq, d]`` and logsumexp ``[b, h, sq]`` (the flash
-    kernel's layouts) of ``[b, s, d, h]`` tensors."""
-    qh, kh, vh = _heads_first(q), _heads_first(k, rep), _heads_first(v, rep)
+    kernel's layouts) of tensors in ``layout``."""
+    qh, kh, vh = _heads_first(q, layout), _heads_first(k, layout, rep), _heads_first(v, layout, rep)
     if _empty(qh, kh):  # no key (zero output) or nothing to compute
         return qh.new_zeros(qh.shape), qh.new_full(qh.shape[:3], -math.inf, dtype=lse_dtype(q.dtype))
     return _aten._scaled_dot_product_flash_attention_for_cpu(qh, kh, vh, 0.0, is_causal, scale=scale)
 
 
 def attend_backward(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                    lse: torch.Tensor, rep: int, is_causal: bool, scale: float | None
+                    lse: torch.Tensor, rep: int, is_causal: bool, scale: float | None, layout: str = "bsdh"
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq ``[b, h, sq, d]``, dk and dv ``[b, kv, sk, d]`` (summed over each group's q
-    heads); ``lse`` is ``[b, sq, h]``."""
-    qh, kh, vh = _heads_first(q), _heads_first(k, rep), _heads_first(v, rep)
+    heads) of tensors in ``layout``; ``lse`` is ``[b, sq, h]``."""
+    qh, kh, vh = _heads_first(q, layout), _heads_first(k, layout, rep), _heads_first(v, layout, rep)
     if _empty(qh, kh):  # nothing attends: zero gradients
-        return qh.new_zeros(qh.shape), k.new_zeros(k.shape).permute(0, 3, 1, 2), v.new_zeros(v.shape).permute(0, 3, 1, 2)
+        return qh.new_zeros(qh.shape), _heads_first(k.new_zeros(k.shape), layout), _heads_first(v.new_zeros(v.shape), layout)
     dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        _heads_first(g), qh, kh, vh, _heads_first(out), lse.permute(0, 2, 1), 0.0, is_causal, scale=scale)
+        _heads_first(g, layout), qh, kh, vh, _heads_first(out, layout), lse.permute(0, 2, 1), 0.0, is_causal,
+        scale=scale)
     if rep > 1:
         b, h, s, d = dk.shape
         dk, dv = dk.view(b, h // rep, rep, s, d).sum(2), dv.view(b, h // rep, rep, s, d).sum(2)
     return dq, dk, dv
 
 
-def sdpa_tile(rep: int, is_causal: bool, scale: float | None, o: torch.Tensor, lse: torch.Tensor, q: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor) -> None:
-    out, logsumexp = attend(q, k, v, rep, is_causal, scale)
-    o.copy_(out.permute(0, 2, 3, 1))
+def sdpa_tile(rep: int, is_causal: bool, scale: float | None, layout: str, o: torch.Tensor, lse: torch.Tensor,
+              q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    out, logsumexp = attend(q, k, v, rep, is_causal, scale, layout)
+    o.copy_(from_heads_first(out, layout))
     lse.copy_(logsumexp.permute(0, 2, 1))
 
 
-def sdpa_backward_tile(rep: int, is_causal: bool, scale: float | None, dq: torch.Tensor, dk: torch.Tensor,
-                       dv: torch.Tensor, g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       out: torch.Tensor, lse: torch.Tensor) -> None:
-    for o, t in zip((dq, dk, dv), attend_backward(g, q, k, v, out, lse, rep, is_causal, scale)):
-        o.copy_(t.permute(0, 2, 3, 1))
+def sdpa_backward_tile(rep: int, is_causal: bool, scale: float | None, layout: str, dq: torch.Tensor,
+                       dk: torch.Tensor, dv: torch.Tensor, g: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    for o, t in zip((dq, dk, dv), attend_backward(g, q, k, v, out, lse, rep, is_causal, scale, layout)):
+        o.copy_(from_heads_first(t, layout))
 
 
 def rope_tile(transpose: bool, y: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -173,81 +200,93 @@ def _aligned(heads: tuple[int, ...], rep: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _tilings(ctx: Lowering, q: DataNode, k: DataNode, rep: int) -> tuple[Tiling, Tiling, Tiling]:
+def _placed(layout: str, **by_dim: Any) -> tuple:
+    """The values given per dim letter (``b``, ``s``, ``d``, ``h``) in ``layout``'s order."""
+    return tuple(by_dim[c] for c in layout)
+
+
+def _tilings(ctx: Lowering, q: DataNode, k: DataNode, rep: int, layout: str) -> tuple[Tiling, Tiling, Tiling]:
     """q's, kv's and logsumexp's tilings for the tasks: q's batch and (aligned) head
     tiles, everything else whole."""
     planned = ctx.tiling(q)
-    batch, heads = planned[0], _aligned(planned[3], rep)
+    batch, heads = planned[layout.index("b")], _aligned(planned[layout.index("h")], rep)
     kv_heads = tuple(h // rep for h in heads)
-    b, sq, d, _ = q.shape
-    return (batch, (sq,), (d,), heads), (batch, (k.shape[1],), (d,), kv_heads), (batch, (sq,), heads)
+    _, sq, d, _ = bsdh(q.shape, layout)
+    sk = bsdh(k.shape, layout)[1]
+    return (_placed(layout, b=batch, s=(sq,), d=(d,), h=heads), _placed(layout, b=batch, s=(sk,), d=(d,), h=kv_heads),
+            (batch, (sq,), heads))
+
+
+def _tile_indices(layout: str, n_batch: int, n_heads: int) -> list[tuple[tuple[int, ...], tuple[int, int, int]]]:
+    """Each task's tile index in ``layout`` and in the logsumexp ``[b, s, h]``."""
+    return [(_placed(layout, b=i, s=0, d=0, h=j), (i, 0, j)) for i in range(n_batch) for j in range(n_heads)]
 
 
 def _lower_sdpa(ctx: Lowering, node: OpNode) -> None:
-    rep, is_causal, scale = node.attrs
+    rep, is_causal, scale, layout = node.attrs
     qn, kn, vn = node.inputs
-    qt, kvt, lt = _tilings(ctx, qn, kn, rep)
+    qt, kvt, lt = _tilings(ctx, qn, kn, rep, layout)
     q, k, v = ctx.input(qn, qt), ctx.input(kn, kvt), ctx.input(vn, kvt)
     o, lse = ctx.output(node.outputs[0], qt), ctx.output(node.outputs[1], lt)
-    kernel = Kernel(sdpa_tile, rep, is_causal, scale)
-    for i in range(len(qt[0])):
-        for j in range(len(qt[3])):
-            t4, t3 = (i, 0, 0, j), (i, 0, j)
-            ctx.task(kernel, [Arg(o, t4, W), Arg(lse, t3, W), Arg(q, t4, R), Arg(k, t4, R), Arg(v, t4, R)], "sdpa_fwd")
+    kernel = Kernel(sdpa_tile, rep, is_causal, scale, layout)
+    for t4, t3 in _tile_indices(layout, len(lt[0]), len(lt[2])):
+        ctx.task(kernel, [Arg(o, t4, W), Arg(lse, t3, W), Arg(q, t4, R), Arg(k, t4, R), Arg(v, t4, R)], "sdpa_fwd")
 
 
 def _lower_sdpa_backward(ctx: Lowering, node: OpNode) -> None:
-    rep, is_causal, scale = node.attrs
+    rep, is_causal, scale, layout = node.attrs
     gn, qn, kn, vn, on, ln = node.inputs
-    qt, kvt, lt = _tilings(ctx, qn, kn, rep)
+    qt, kvt, lt = _tilings(ctx, qn, kn, rep, layout)
     g, q, out = (ctx.input(n, qt) for n in (gn, qn, on))
     k, v, lse = ctx.input(kn, kvt), ctx.input(vn, kvt), ctx.input(ln, lt)
     dq = ctx.output(node.outputs[0], qt)
     dk, dv = ctx.output(node.outputs[1], kvt), ctx.output(node.outputs[2], kvt)
-    kernel = Kernel(sdpa_backward_tile, rep, is_causal, scale)
-    for i in range(len(qt[0])):
-        for j in range(len(qt[3])):
-            t4, t3 = (i, 0, 0, j), (i, 0, j)
-            ctx.task(kernel, [Arg(dq, t4, W), Arg(dk, t4, W), Arg(dv, t4, W), Arg(g, t4, R), Arg(q, t4, R),
-                              Arg(k, t4, R), Arg(v, t4, R), Arg(out, t4, R), Arg(lse, t3, R)], "sdpa_bwd")
+    kernel = Kernel(sdpa_backward_tile, rep, is_causal, scale, layout)
+    for t4, t3 in _tile_indices(layout, len(lt[0]), len(lt[2])):
+        ctx.task(kernel, [Arg(dq, t4, W), Arg(dk, t4, W), Arg(dv, t4, W), Arg(g, t4, R), Arg(q, t4, R),
+                          Arg(k, t4, R), Arg(v, t4, R), Arg(out, t4, R), Arg(lse, t3, R)], "sdpa_bwd")
 
 
-def _products(q: DataNode, k: DataNode) -> float:
+def _products(node: OpNode, q: DataNode, k: DataNode) -> float:
     """Multiply-adds of the two matrix products of attention."""
-    b, sq, d, h = q.shape
-    return 2.0 * b * h * sq * k.shape[1] * d
+    layout = node.attrs[3]
+    b, sq, d, h = bsdh(q.shape, layout)
+    return 2.0 * b * h * sq * bsdh(k.shape, layout)[1] * d
 
 
-SDPA = Op("sdpa_fwd", _lower_sdpa, cost=lambda node: _products(*node.inputs[:2]))
-SDPA_BACKWARD = Op("sdpa_bwd", _lower_sdpa_backward, cost=lambda node: 2.5 * _products(*node.inputs[1:3]))
+SDPA = Op("sdpa_fwd", _lower_sdpa, cost=lambda node: _products(node, *node.inputs[:2]))
+SDPA_BACKWARD = Op("sdpa_bwd", _lower_sdpa_backward, cost=lambda node: 2.5 * _products(node, *node.inputs[1:3]))
 
 
-def sdpa(q: DataNode, k: DataNode, v: DataNode, is_causal: bool, scale: float | None) -> tuple[DataNode, DataNode]:
-    """Record attention: output ``[b, sq, d, h]`` (q's groups) and logsumexp ``[b, sq, h]``."""
-    rep = check_sdpa(q.shape, k.shape, v.shape, (q.dtype, k.dtype, v.dtype))
+def sdpa(q: DataNode, k: DataNode, v: DataNode, is_causal: bool, scale: float | None,
+         layout: str = "bsdh") -> tuple[DataNode, DataNode]:
+    """Record attention: output in q's layout and groups, logsumexp ``[b, sq, h]``."""
+    rep = check_sdpa(q.shape, k.shape, v.shape, (q.dtype, k.dtype, v.dtype), layout)
+    ib, idd, ih = layout.index("b"), layout.index("d"), layout.index("h")
     for a, b in zip(k.axes, v.axes):
         union(a, b)
-    union(q.axes[0], k.axes[0])
-    union(q.axes[2], k.axes[2])
+    union(q.axes[ib], k.axes[ib])
+    union(q.axes[idd], k.axes[idd])
     if rep == 1:  # heads tiled alike: no re-tiling of k and v (grouped heads are re-tiled to q's groups)
-        union(q.axes[3], k.axes[3])
-    b, sq, _, h = q.shape
-    lse_axes = (q.axes[0], new_group(sq), q.axes[3])  # its seq dim is only ever whole
-    return record(SDPA, (q, k, v), (rep, is_causal, scale),
+        union(q.axes[ih], k.axes[ih])
+    b, sq, _, h = bsdh(q.shape, layout)
+    lse_axes = (q.axes[ib], new_group(sq), q.axes[ih])  # its seq dim is only ever whole
+    return record(SDPA, (q, k, v), (rep, is_causal, scale, layout),
                   [(q.shape, q.dtype, q.axes), ((b, sq, h), lse_dtype(q.dtype), lse_axes)])
 
 
 def sdpa_backward(g: DataNode, q: DataNode, k: DataNode, v: DataNode, out: DataNode, lse: DataNode, is_causal: bool,
-                  scale: float | None) -> tuple[DataNode, DataNode, DataNode]:
-    """Record the gradients of q, k and v, in their groups."""
-    rep = check_sdpa(q.shape, k.shape, v.shape, (q.dtype, k.dtype, v.dtype))
-    if g.shape != q.shape or out.shape != q.shape or lse.shape != (q.shape[0], q.shape[1], q.shape[3]):
+                  scale: float | None, layout: str = "bsdh") -> tuple[DataNode, DataNode, DataNode]:
+    """Record the gradients of q, k and v, in their layouts and groups."""
+    rep = check_sdpa(q.shape, k.shape, v.shape, (q.dtype, k.dtype, v.dtype), layout)
+    b, sq, _, h = bsdh(q.shape, layout)
+    if g.shape != q.shape or out.shape != q.shape or lse.shape != (b, sq, h):
         raise ValueError(f"sdpa backward: grad {list(g.shape)}, out {list(out.shape)} or logsumexp "
                          f"{list(lse.shape)} do not fit q {list(q.shape)}")
-    for a, b, c in zip(g.axes, q.axes, out.axes):
-        union(a, b)
+    for a, b_, c in zip(g.axes, q.axes, out.axes):
+        union(a, b_)
         union(a, c)
-    return record(SDPA_BACKWARD, (g, q, k, v, out, lse), (rep, is_causal, scale),
+    return record(SDPA_BACKWARD, (g, q, k, v, out, lse), (rep, is_causal, scale, layout),
                   [(q.shape, q.dtype, q.axes), (k.shape, k.dtype, k.axes), (v.shape, v.dtype, v.axes)])
 
 

@@ -100,8 +100,11 @@ def arange(n: int, start: float | int, step: float | int, dtype: torch.dtype) ->
 
 
 def copy_out(views: tuple[torch.Tensor, ...], *tiles: torch.Tensor) -> None:
-    for v, t in zip(views, tiles):
-        v.copy_(t)
+    # a read under inference mode allocates an inference tensor, which a worker thread
+    # (outside that thread-local mode) may only write inside the mode
+    with torch.inference_mode():
+        for v, t in zip(views, tiles):
+            v.copy_(t)
 
 
 def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
