@@ -215,6 +215,24 @@ def test_retiles_and_concatenations_copy_boxes_in_c(tiles):
     assert tasks and all(native.record(k, specs) is not None for k, specs, _ in tasks)
 
 
+@pytest.mark.parametrize("tiles", [None, [3, 5], [1, 4, 3]])
+def test_slices_copy_in_c_where_one_box_fills_the_tile(tiles):
+    """A slice (HF's split of the qkv projection) whose output tile one source box fills
+    is a strided C copy; a box with fill (padding) or reversed (flip) stays Python;
+    all give CPU's values."""
+    x = torch.randn(8, 12)
+    xn = _dev(x, tiles)
+    cases = {"slice": lambda t: t[:, 4:8], "split": lambda t: t.split(5, 1)[1], "pad": lambda t: F.pad(t, (1, 2)),
+             "flip": lambda t: t.flip(1)}
+    for name, fn in cases.items():
+        held = fn(xn).clone()  # a view is read (a box copy) when something reads it
+        boxes = [(k, specs) for k, specs, kname in _lowered() if kname in ("slice", "constant_pad_nd", "flip")]
+        assert boxes, name
+        native_ok = [native.record(k, specs) is not None for k, specs in boxes]
+        assert all(native_ok) if name in ("slice", "split") else not any(native_ok), (name, native_ok)
+        assert torch.equal(held.cpu(), fn(x)), name
+
+
 @pytest.mark.parametrize("n", [12, 70])
 def test_tasks_with_many_tiles(n):
     """More tiles than StarPU's fixed buffer slots (and than a C program takes)."""

@@ -77,7 +77,8 @@ VIEWS: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...
                                          dict[int, tuple[tuple[int, ...], int]]]] = {}
 """``Kernel.fn`` -> the (strides, offset) in elements by which input buffers are read,
 per output dim, for its params and tile shapes: buffers not named are read by
-broadcasting their shape (kernels that copy a view: permutations, strided views)."""
+broadcasting their shape (kernels that copy a view: permutations, strided views,
+boxes); it raises ``Unsupported`` for shapes it cannot express (Python runs the task)."""
 
 ROWS: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...], ...]],
                                         tuple[list[int], tuple[float, ...]] | None]] = {}
@@ -266,7 +267,10 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
                 out = rows(kernel.params, shapes)
         elif (prog := program(kernel, len(specs) - 1)) is not None:
             views = VIEWS.get(fn)
-            out = _layout(shapes, prog, views(kernel.params, shapes) if views is not None else {})
+            try:
+                out = _layout(shapes, prog, views(kernel.params, shapes) if views is not None else {})
+            except Unsupported:  # a view these tile shapes cannot take
+                out = None
     if len(_RECORDS) > _CACHED:
         _RECORDS.clear()
     _RECORDS[key] = out

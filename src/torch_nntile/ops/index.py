@@ -142,6 +142,27 @@ def copy_box_tile(value: Any, boxes: tuple[Any, ...], o: torch.Tensor, *srcs: to
         o[tuple(slice(a, b) for a, b in dbox)].copy_(part.flip(rev) if rev else part)
 
 
+def _box_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
+    """One box, not reversed: a strided copy in C (``_box_view`` checks it fills the tile)."""
+    _, boxes = params
+    if len(boxes) != 1 or boxes[0][3]:
+        raise native.Unsupported
+    return p.emit(native.COPY, refs[0])
+
+
+def _box_view(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> dict[int, tuple[tuple[int, ...], int]]:
+    """Where the one box reads its source: at its start, by the source's strides."""
+    _, ((_, dbox, sbox, _),) = params
+    if any(a != 0 or b != n for (a, b), n in zip(dbox, shapes[0])):
+        raise native.Unsupported  # part of the tile is fill (or another box's)
+    cs = native.contiguous_strides(shapes[1])
+    return {1: (cs, sum(a * c for (a, _), c in zip(sbox, cs)))}
+
+
+native.TRANSLATORS[copy_box_tile] = _box_program
+native.VIEWS[copy_box_tile] = _box_view
+
+
 def _lower_boxes(ctx: Lowering, node: OpNode) -> None:
     segs, value, name = node.attrs
     x = ctx.input(node.inputs[0])
