@@ -85,10 +85,11 @@ def test_results_are_new_tensors():
     assert len(set(values)) == len(values)  # each replay's loss is its own value, not the last one's
 
 
-def test_hf_gpt2_replays_its_mask_checks():
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_hf_gpt2_replays_its_mask_checks(attn):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=8, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation=attn)
 
     def build():
         torch.manual_seed(0)
