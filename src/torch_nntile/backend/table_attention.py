@@ -100,18 +100,18 @@ class SDPA(torch.autograd.Function):
 def _fused_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
                 dropout_p: float, enable_gqa: bool) -> bool:
     """Whether the call is one the flash op computes as CPU's SDPA does: no mask or
-    dropout, [batch, (heads,) seq, head_size] nntile tensors of one floating dtype,
-    k and v alike, q heads a multiple of kv heads only where ``enable_gqa`` asks."""
-    if attn_mask is not None or dropout_p != 0.0 or q.dim() not in (3, 4):
+    dropout, [batch, (heads,) seq, head_size] nntile tensors that ``check_sdpa``
+    accepts, q heads a multiple of kv heads only where ``enable_gqa`` asks."""
+    if attn_mask is not None or dropout_p != 0.0 or q.dim() not in (3, 4) or not q.dim() == k.dim() == v.dim():
         return False
-    if any(t.device.type != DEVICE for t in (q, k, v)) or not (q.dtype == k.dtype == v.dtype):
+    if any(t.device.type != DEVICE for t in (q, k, v)):
         return False
-    if q.dtype not in attention.FLOATS or k.shape != v.shape or q.dim() != k.dim():
+    shapes = [tuple(t.shape) if t.dim() == 4 else (t.shape[0], 1, *t.shape[1:]) for t in (q, k, v)]
+    try:
+        rep = attention.check_sdpa(*shapes, (q.dtype, k.dtype, v.dtype), "bhsd")
+    except (ValueError, TypeError):  # not attention the op computes: the composite decides (and raises)
         return False
-    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
-        return False
-    qh, kh = (q.shape[1], k.shape[1]) if q.dim() == 4 else (1, 1)
-    return qh == kh or (enable_gqa and kh > 0 and qh % kh == 0)
+    return rep == 1 or enable_gqa
 
 
 def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

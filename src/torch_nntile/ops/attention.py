@@ -31,7 +31,7 @@ from torch_nntile.ops.base import Op, record
 from torch_nntile.tiling.tiles import Arg, Lowering, R, Tiling, W
 
 _aten = torch.ops.aten
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # -- checks (shared by the CPU kernels and the recording forms) -----------------------
@@ -61,7 +61,7 @@ def check_sdpa(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], dtype
         raise ValueError(f"sdpa: q {list(q)} and k {list(k)} differ in batch or head_size")
     if (k[3] == 0 and q[3] != 0) or (k[3] and q[3] % k[3]):
         raise ValueError(f"sdpa: {q[3]} query heads are not a multiple of {k[3]} key/value heads")
-    if len(set(dtypes)) != 1 or dtypes[0] not in FLOATS:
+    if len(set(dtypes)) != 1 or dtypes[0] not in _FLOATS:
         raise TypeError(f"sdpa: q, k and v must share one floating dtype, got {[str(d) for d in dtypes]}")
     return q[3] // k[3] if k[3] else 1
 
