@@ -378,3 +378,11 @@ def test_exp_underflows_to_exact_zero_like_cpu():
     rows[0, 0] = 1.0
     assert torch.equal(torch.logsumexp(_dev(rows), 0).cpu(), torch.logsumexp(rows, 0))
     assert torch.equal(F.softmax(_dev(rows.t().contiguous()), -1).cpu() == 0, F.softmax(rows.t(), -1) == 0)
+
+
+def test_fills_of_zeros_of_either_sign_keep_their_sign():
+    """Kernels whose parameters differ only by the sign of a zero are different kernels
+    (the C programs are cached by kernel)."""
+    for value in (0.0, -0.0, 0.0, -0.0):
+        got = torch.full((4,), value, device="nntile").cpu()
+        assert torch.equal(torch.signbit(got), torch.signbit(torch.full((4,), value)))

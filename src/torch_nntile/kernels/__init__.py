@@ -10,6 +10,7 @@ kernel's identity says which C implementation could run it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -30,17 +31,33 @@ class Kernel:
     def __call__(self, *tiles: torch.Tensor) -> None:
         self.fn(*self.params, *tiles)
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Kernel and other.fn is self.fn and other.params == self.params
+    def __eq__(self, other: object) -> bool:  # the hashes tell -0.0 from 0.0, which == does not
+        return type(other) is Kernel and other.fn is self.fn and hash(other) == hash(self) and other.params == self.params
 
     def __hash__(self) -> int:  # worked out once: kernels of fused chains nest
         h = self._hash
         if h is None:
-            h = self._hash = hash((self.fn, self.params))
+            h = self._hash = hash((self.fn, self.params, _negative_zeros(self.params)))
         return h
 
     def __repr__(self) -> str:
         return f"Kernel({self.fn.__name__}{self.params!r})"
+
+
+def _negative_zeros(params: tuple[Any, ...]) -> int:
+    """Where ``-0.0`` sits among ``params`` (0 if nowhere): equal kernels must not differ
+    there (a fill of -0.0 is not one of 0.0). Nested kernels' hashes tell their own."""
+    out = 0
+    for i, p in enumerate(params):
+        t = type(p)
+        if t is float:
+            if p == 0.0 and math.copysign(1.0, p) < 0:
+                out ^= hash(("-0", i))
+        elif t is tuple:
+            inner = _negative_zeros(p)
+            if inner:
+                out ^= hash((i, inner))
+    return out
 
 
 class CpuScalar:
@@ -56,10 +73,14 @@ class CpuScalar:
         return torch.tensor(self.value, dtype=self.dtype)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is CpuScalar and (other.value, other.dtype) == (self.value, self.dtype)
+        return type(other) is CpuScalar and other._key() == self._key()
 
     def __hash__(self) -> int:
-        return hash((self.value, self.dtype))
+        return hash(self._key())
+
+    def _key(self) -> tuple[Any, ...]:  # -0.0, 0.0, 0 and False are different values here
+        v = self.value
+        return (type(v), v.hex() if type(v) is float else v, self.dtype)
 
     def __repr__(self) -> str:
         return f"CpuScalar({self.value!r}, {self.dtype})"
