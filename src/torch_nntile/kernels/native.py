@@ -12,6 +12,7 @@ gives the same values through torch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import torch
@@ -188,11 +189,22 @@ RULES.update({
 })
 
 
+@cache
+def gelu_specials() -> tuple[float, float]:
+    """PyTorch's exact float32 GELU at +inf and at -0 on this machine: its vector code
+    gives NaN or inf, -0 or +0, by instruction set."""
+    x = torch.tensor([float("inf")] * 16 + [-0.0] * 16)
+    y = torch.nn.functional.gelu(x)
+    return y[0].item(), y[16].item()
+
+
 def _gelu(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
     (approximate,) = _kw(kw, {"approximate": "none"})
     if len(args) != 1 or approximate not in ("none", "tanh"):
         raise Unsupported
-    return p.emit(GELU if approximate == "none" else GELU_TANH, args[0])
+    if approximate == "tanh":
+        return p.emit(GELU_TANH, args[0])
+    return p.emit(GELU, args[0], *gelu_specials())
 
 
 RULES[torch.ops.aten.gelu.out] = _gelu

@@ -48,8 +48,14 @@ int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf)
 
 static inline __attribute__((always_inline)) float fsigmoid(float x) { return 1.0f / (1.0f + fexp(-x)); }
 
-/* NaN at +inf too, as PyTorch's CPU kernel gives */
-static inline __attribute__((always_inline)) float gelu(float x) { return x == __builtin_inff() ? __builtin_nanf("") : 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2)); }
+/* At +inf and -0, PyTorch's CPU kernel gives what its vector code gives on the
+   machine (NaN or inf, -0 or +0): the program passes those values in. */
+static inline __attribute__((always_inline)) float gelu(float x, float at_inf, float at_zero)
+{
+    if (x == __builtin_inff()) return at_inf;
+    if (x == 0.0f) return signbit(x) ? at_zero : x;
+    return 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+}
 
 static inline __attribute__((always_inline)) float gelu_tanh(float x)
 {
@@ -107,7 +113,7 @@ static void step(int op, int n, float *restrict o, const float *a, const float *
     case TNT_EW_MINIMUM:
         for (i = 0; i < n; i++) o[i] = isnan(a[i]) || isnan(b[i]) ? a[i] + b[i] : a[i] < b[i] ? a[i] : b[i];
         break;
-    case TNT_EW_GELU: for (i = 0; i < n; i++) o[i] = gelu(a[i]); break;
+    case TNT_EW_GELU: for (i = 0; i < n; i++) o[i] = gelu(a[i], b[i], c[i]); break;
     case TNT_EW_GELU_TANH: for (i = 0; i < n; i++) o[i] = gelu_tanh(a[i]); break;
     case TNT_EW_SILU: for (i = 0; i < n; i++) o[i] = a[i] / (1.0f + fexp(-a[i])); break;
     default: break;

@@ -40,7 +40,7 @@ enum tnt_ew_op {
     TNT_EW_CLAMP_MAX,    /* min(a, b), NaN of a kept */
     TNT_EW_MAXIMUM,      /* NaN of either kept */
     TNT_EW_MINIMUM,
-    TNT_EW_GELU,         /* exact (erf) */
+    TNT_EW_GELU,         /* exact (erf); b its value at +inf, c at -0 */
     TNT_EW_GELU_TANH,
     TNT_EW_SILU,
     TNT_EW_NOPS
