@@ -57,8 +57,9 @@ def test_replay_gives_the_recorded_numbers(tiles, adamw):
     step = torch_nntile.capture(fn)
     for x in batches(7):
         xn = x.to("nntile")
-        want, got = plain(xn), step(xn)
-        assert torch.equal(got.cpu(), want.detach().cpu())
+        want = plain(xn).detach().cpu()  # each side's step in compiles of its own: a compile holding both
+        got = step(xn).cpu()  # would lower the first side's reductions otherwise (split_chains looks ahead)
+        assert torch.equal(got, want)
     assert step.replays == 4
     for a, b in zip(plain_model.parameters(), cap_model.parameters()):
         assert torch.equal(a.detach().cpu(), b.detach().cpu())
