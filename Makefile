@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export STARPU_HOME ?= $(CURDIR)/.starpu
 export STARPU_SILENT ?= 1
 
-.PHONY: setup demo test test-all test-stress test-wheel wheel bench soak lint clean
+.PHONY: setup demo test test-all test-check test-stress test-wheel wheel bench soak lint clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py $(wildcard src/torch_nntile/runtime/csrc/*)
 	@pkg-config --exists starpu-1.3 || pkg-config --exists starpu-1.4 || \
@@ -31,6 +31,12 @@ test: setup
 
 test-all: setup
 	$(VPY) -m pytest -q -m ""
+
+# The default suite with every reusable compile lowered again and compared with the
+# lowered step it reuses (TORCH_NNTILE_CHECK_REUSE): finds a structure key that misses
+# something lowering reads.
+test-check: setup
+	TORCH_NNTILE_CHECK_REUSE=1 $(VPY) -m pytest -q
 
 # The default suite 10 times, each beside a second copy of it (busy cores expose
 # tests that depend on how far asynchronous work has got). Nonzero unless 10/10.

@@ -23,6 +23,7 @@ _PHASE_LABELS = {
     "ingress": "ingress (copies from CPU)",
     "fallback": "CPU fallback ops",
     "compile": "compile",
+    "compile.reuse": "  reuse of lowered steps",
     "compile.axis_groups": "  axis groups",
     "compile.lowering": "  lowering to tile tasks",
     "run": "run (submit to StarPU)",
@@ -49,21 +50,29 @@ def _dry_run() -> str | None:
 def info() -> dict[str, Any]:
     """Cumulative phase times (seconds, exclusive of nested phases) and counters.
 
-    ``phases["compile"]`` includes its sub-phases ``compile.axis_groups`` and
-    ``compile.lowering``. ``tiles_registered`` counts tiles that needed a new StarPU
-    handle (and memory) rather than a spare left by dead tiles of the same size;
+    ``phases["compile"]`` includes its sub-phases ``compile.reuse``,
+    ``compile.axis_groups`` and ``compile.lowering``. ``compiles_reused`` counts the
+    compiles that took the tasks of an earlier compile of the same structure instead
+    of lowering (``tiling.reuse``), ``compiles_lowered`` the others (``compiles_checked``:
+    those of them lowered again to check a template, ``TORCH_NNTILE_CHECK_REUSE=1``).
+    ``tiles_registered`` counts tiles that needed a new StarPU handle (and memory)
+    rather than a spare left by dead tiles of the same size;
     ``tiles_spare`` is how many such spares are kept now. ``ops_pruned`` counts
     recorded ops whose results nothing could read by compile time (not lowered).
     ``dry_run`` names the active dry-run switch, if any.
     """
     phases = {p: {"calls": stats.PHASE_CALLS[p], "seconds": stats.PHASE_TIME[p]} for p in stats.PHASES}
-    phases["compile"]["seconds"] += phases["compile.axis_groups"]["seconds"] + phases["compile.lowering"]["seconds"]
+    for sub in ("compile.reuse", "compile.axis_groups", "compile.lowering"):
+        phases["compile"]["seconds"] += phases[sub]["seconds"]
     c = stats.COUNTS
     return {
         "phases": phases,
         "tasks_submitted": c["tasks_submitted"],
         "tasks_skipped": c["tasks_skipped"],
         "ops_pruned": c["ops_pruned"],
+        "compiles_reused": c["compiles_reused"],
+        "compiles_lowered": c["compiles_lowered"],
+        "compiles_checked": c["compiles_checked"],
         "tiles_live": c["tiles_live"],
         "tiles_peak": stats.TILES_PEAK[0],
         "tiles_registered": c["tiles_registered"],
@@ -93,6 +102,10 @@ def format_info() -> str:
     skipped = f" ({d['tasks_skipped']} not submitted: dry run)" if d["tasks_skipped"] else ""
     pruned = f"; ops dropped as dead before lowering: {d['ops_pruned']}" if d["ops_pruned"] else ""
     lines.append(f"tasks submitted: {d['tasks_submitted']}{skipped}{pruned}")
+    compiles = d["compiles_reused"] + d["compiles_lowered"]
+    if compiles:
+        lines.append(f"compiles that reused a lowered step: {d['compiles_reused']} of {compiles} "
+                     f"({100 * d['compiles_reused'] / compiles:.0f}%)")
     lines.append(f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}; new StarPU handles: "
                  f"{d['tiles_registered']}, spare handles kept for reuse: {d['tiles_spare']}")
     lines.append(f"bytes in: {_mb(d['bytes_in'])}, out: {_mb(d['bytes_out'])}")

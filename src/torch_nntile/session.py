@@ -23,6 +23,7 @@ from torch_nntile.graph.nodes import SESSION, DataNode, lower_pending
 from torch_nntile.ops.data import readout
 from torch_nntile.ops.fusion import fuse_elementwise
 from torch_nntile.runtime.context import Runtime
+from torch_nntile.tiling.reuse import StepCache
 from torch_nntile.tiling.tiles import Lowering
 
 Progress = bool | Callable[[int, int], None] | None  # run/wait/execute(progress=...)
@@ -46,6 +47,7 @@ class Session:
         self.flush_ops = FLUSH_OPS  # see flush_early; sys.maxsize after one failed, until an explicit compile
         self._dumps = itertools.count()
         self.tracer: Any = None  # capture: sees every batch of tasks submitted and every value read back
+        self.steps: StepCache | None = None  # lowered steps of this runtime, for reuse
 
     def init(self, ncpu: int, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
         if ncuda:
@@ -61,6 +63,7 @@ class Session:
             self.cpu_fallback = cpu_fallback
             return
         self.rt = Runtime(ncpu, scheduler)
+        self.steps = StepCache()
         self.config = config
         self.cpu_fallback = cpu_fallback
         self.shut_down = False
@@ -105,7 +108,7 @@ class Session:
                 folder = os.environ.get("TORCH_NNTILE_DUMP_GRAPH")
                 if folder:
                     self._dump(folder)
-                ctx = lower_pending(SESSION, lambda: Lowering(rt), fuse_elementwise)
+                ctx = lower_pending(SESSION, lambda: Lowering(rt), fuse_elementwise, self.steps)
             finally:
                 stats.leave("compile", t0)
             if self.compiled is not None:
@@ -191,6 +194,7 @@ class Session:
             if self.rt is not None and self.rt.alive:
                 self.generation += 1
                 self.shut_down = True
+                self.steps = None
                 self.rt.shutdown(abandon)
 
     def at_exit(self) -> None:

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 
 PHASES = (
-    "record", "ingress", "fallback", "compile", "compile.axis_groups", "compile.lowering",
+    "record", "ingress", "fallback", "compile", "compile.reuse", "compile.axis_groups", "compile.lowering",
     "run", "replay", "wait", "readout",
 )
 

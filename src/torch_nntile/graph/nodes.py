@@ -21,9 +21,11 @@ from torch_nntile.graph.axes import AxisGroup, new_group
 
 
 class OpDef(Protocol):
-    """What the graph needs from an op definition."""
+    """What the graph needs from an op definition (``ops.base.Op``)."""
 
     name: str
+    binds_kernel: bool
+    binds_data: bool
 
     def lower(self, ctx: Any, node: OpNode) -> None: ...
 
@@ -169,41 +171,64 @@ def deaths(ops: list[OpNode]) -> dict[int, list[DataNode]]:
     return dying
 
 
+class Reuse(Protocol):
+    """What ``lower_pending`` needs from a cache of lowered steps (``tiling.reuse``)."""
+
+    def reuse(self, ctx: Any, ops: list[OpNode]) -> bool: ...
+
+    def learn(self, ctx: Any, pre: list[OpNode]) -> None: ...
+
+
 def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any],
-                  rewrite: Callable[[list[OpNode]], list[OpNode]] | None = None) -> Any:
+                  rewrite: Callable[[list[OpNode]], list[OpNode]] | None = None, steps: Reuse | None = None) -> Any:
     """Lower every pending op in record order into a context's task list.
 
     Nothing is committed to the nodes until every op lowered: an invalid tiling
     (found while planning) leaves the graph pending and all tensors as they were.
     An op whose lowering fails otherwise raises its error from the values that
-    depend on it (``Lowering.lower``).
+    depend on it (``Lowering.lower``). ``steps``: a compile with the structure of an
+    earlier one takes its tasks from there (``steps.reuse``), and a lowered one is
+    offered to it before its values are committed (``steps.learn``).
     """
     ops = prune_dead(graph.take())
-    if rewrite is not None:
-        ops = rewrite(ops)
     ctx = make_ctx()
+    pre = ops
     try:
-        t0 = stats.enter()
-        try:
-            ctx.plan(ops, deaths(ops))
-        finally:
-            stats.leave("compile.axis_groups", t0)
-        t0 = stats.enter()
-        try:
-            for op in ops:
-                ctx.lower(op)
-        finally:
-            stats.leave("compile.lowering", t0)
+        if steps is not None and steps.reuse(ctx, ops):
+            pass
+        else:
+            ops = lower_ops(ctx, ops, rewrite)
+            if steps is not None:
+                steps.learn(ctx, pre)
+            ctx.commit()
     except BaseException:
         ctx.discard()
         with graph.lock:
             graph.pending[:0] = ops
         raise
-    ctx.commit()
     for op in ops:
         for out in op.outputs:
             out.op = None  # materialized: drop the link to history
     return ctx
+
+
+def lower_ops(ctx: Any, ops: list[OpNode], rewrite: Callable[[list[OpNode]], list[OpNode]] | None) -> list[OpNode]:
+    """Rewrite ``ops`` (fusion), plan their tilings and lower each into ``ctx``; the ops
+    lowered are returned (nothing committed)."""
+    if rewrite is not None:
+        ops = rewrite(ops)
+    t0 = stats.enter()
+    try:
+        ctx.plan(ops, deaths(ops))
+    finally:
+        stats.leave("compile.axis_groups", t0)
+    t0 = stats.enter()
+    try:
+        for op in ops:
+            ctx.lower(op)
+    finally:
+        stats.leave("compile.lowering", t0)
+    return ops
 
 
 SESSION = TensorGraph()

@@ -29,17 +29,25 @@ class Op:
     ``cost(opnode)``, where given, estimates the op's arithmetic (multiply-adds);
     lowering uses it to decide where extra parallelism is worth extra work. Ops
     without one count as free next to matrix products.
+
+    For the reuse of lowered steps (``tiling.reuse``): ``binds_kernel`` says that the
+    attrs are ``(kernel, name)`` and every task of the op runs that kernel (or copies
+    tiles), so the kernel's scalars may change between steps; ``binds_data`` that the
+    attrs are a CPU tensor which the op's kernels take as their first parameter.
     """
 
-    __slots__ = ("name", "lower", "_label", "_cost")
+    __slots__ = ("name", "lower", "_label", "_cost", "binds_kernel", "binds_data")
 
     def __init__(self, name: str, lower: Callable[[Lowering, OpNode], None],
                  label: Callable[[OpNode], str] | None = None,
-                 cost: Callable[[OpNode], float] | None = None) -> None:
+                 cost: Callable[[OpNode], float] | None = None, binds_kernel: bool = False,
+                 binds_data: bool = False) -> None:
         self.name = name
         self.lower = lower
         self._label = label
         self._cost = cost
+        self.binds_kernel = binds_kernel
+        self.binds_data = binds_data
 
     def label(self, node: OpNode) -> str:
         return self._label(node) if self._label is not None else self.name
@@ -128,7 +136,7 @@ def kernel_name(node: OpNode) -> str:
     return node.attrs[1]
 
 
-MAP = Op("map", _lower_map, kernel_name)
+MAP = Op("map", _lower_map, kernel_name, binds_kernel=True)
 
 
 TILE = type("TileSlot", (), {"__repr__": lambda self: "TILE"})()

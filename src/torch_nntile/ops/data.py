@@ -14,18 +14,19 @@ from torch_nntile.runtime.context import Done, Runtime, failure_error
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 
-def copy_in(part: torch.Tensor, o: torch.Tensor) -> None:
-    o.copy_(part)
+def copy_in(src: torch.Tensor, box: tuple[tuple[int, int], ...], o: torch.Tensor) -> None:
+    o.copy_(src[tuple(slice(a, b) for a, b in box)])
 
 
 def _lower_ingress(ctx: Lowering, node: OpNode) -> None:
     src: torch.Tensor = node.attrs
     out = ctx.output(node.outputs[0])
     for idx in out.indices():
-        ctx.task(Kernel(copy_in, src[out.slices(idx)]), [Arg(out, idx, W)], "ingress")
+        box = tuple((s.start, s.stop) for s in out.slices(idx))
+        ctx.task(Kernel(copy_in, src, box), [Arg(out, idx, W)], "ingress")
 
 
-INGRESS = Op("ingress", _lower_ingress)
+INGRESS = Op("ingress", _lower_ingress, binds_data=True)
 
 
 def ingress(cpu: torch.Tensor) -> DataNode:

@@ -45,7 +45,7 @@ def _fused_program(p: native.Program, params: tuple[Any, ...], refs: list[native
 native.TRANSLATORS[fused_tile] = _fused_program
 
 
-FUSED = Op("fused", _lower_map, lambda node: node.attrs[1])
+FUSED = Op("fused", _lower_map, lambda node: node.attrs[1], binds_kernel=True)
 """Lowered like an elementwise op: ``attrs = (Kernel(fused_tile, program), name)``."""
 
 

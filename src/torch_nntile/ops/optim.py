@@ -141,7 +141,7 @@ def _lower_update(ctx: Lowering, node: OpNode) -> None:
         ctx.task(kernel, [Arg(o, idx, W) for o in outs] + [Arg(a, input_index(a, idx, nd), R) for a in ins], name)
 
 
-UPDATE = Op("update", _lower_update, kernel_name)
+UPDATE = Op("update", _lower_update, kernel_name, binds_kernel=True)
 """An optimizer's update of one parameter: ``attrs = (kernel, name)``; the kernel takes
 the output tiles, then the input tiles, of one tile index (a 0-dim input, a step
 count, is the same tile for every index)."""

@@ -106,7 +106,7 @@ class TileArray:
 # A KeyboardInterrupt raised inside a finalizer is reported and dropped by Python, and a
 # finalizer can start at any line of the program. While Python's own SIGINT handler is
 # in place it is replaced by one that, when the signal lands in a finalizer releasing
-# tiles (``_FINALIZERS``: TileArray's, _Held's; at any line, its first included),
+# tiles (``_FINALIZERS``: TileArray's, Held's; at any line, its first included),
 # raises KeyboardInterrupt in the main thread once the finalizer has returned, through
 # a helper thread; anywhere else it raises at once.
 
@@ -168,18 +168,20 @@ class PlanHandles:
         pass
 
 
-class _Held:
-    """Handles that died inside a compile and were not handed out again: released (as
-    a dead tile's are) once the compile's tasks, which still use them, were submitted."""
+class Held:
+    """Handles the tasks of a compile use that no value keeps: released (as a dead
+    tile's are) once those tasks were submitted. ``counted``: still counted as live
+    tiles (else they were counted out when their value died inside the compile)."""
 
-    __slots__ = ("rt", "handles")
+    __slots__ = ("rt", "handles", "counted")
 
-    def __init__(self, rt: Runtime, handles: list[Any]) -> None:
-        self.rt, self.handles = rt, handles
+    def __init__(self, rt: Runtime, handles: list[Any], counted: bool = False) -> None:
+        self.rt, self.handles, self.counted = rt, handles, counted
 
     def __del__(self) -> None:  # as TileArray's (see _sigint)
         try:
-            stats.tiles_added(len(self.handles))  # counted out when they died; release counts them out
+            if not self.counted:
+                stats.tiles_added(len(self.handles))  # release counts them out
             self.rt.release(self.handles)
         except KeyboardInterrupt:
             _interrupt_later()
@@ -187,7 +189,7 @@ class _Held:
             pass
 
 
-_FINALIZERS = (TileArray.__del__.__code__, _Held.__del__.__code__)  # the finalizers that release tiles
+_FINALIZERS = (TileArray.__del__.__code__, Held.__del__.__code__)  # the finalizers that release tiles
 
 
 class Lowering:
@@ -212,17 +214,24 @@ class Lowering:
         self.ops: list[Any] = []  # the ops of this compile, in record order
         self.op: Any = None  # the op being lowered
         self.op_index: dict[Any, int] = {}
-        self._reuse = isinstance(rt, Runtime)  # not when only planning (dumps): tiles stay distinct there
-        self._dying: dict[int, list[Any]] = {}  # op index -> the nodes that die after it
+        self.reuses_memory = isinstance(rt, Runtime)  # not when only planning (dumps): tiles stay distinct there
+        self.dying: dict[int, list[Any]] = {}  # op index -> the nodes that die after it
         self._viewed: set[int] = set()  # id(array) of arrays other arrays view: never given away
         self._pool: dict[tuple[int, int], list[Any]] = {}  # (items, item size) -> handles free for reuse
+        self.marks: list[tuple[Any, int]] = []  # each op lowered, with the index of its first task
+        self.failed = False  # an op's lowering raised (its tasks raise the error instead)
+        self.retiles: list[tuple[str, Any, int]] = []  # (op, node, dim) of each count this compile added to stats.RETILES
 
     # -- planning ---------------------------------------------------------
     def tiling(self, node: Any) -> Tiling:
         """The tiling of a node, from the tilings of its axis groups."""
         done = self._node_tilings.get(node)
-        if done is not None:
-            return done
+        if done is None:
+            done = self._node_tilings[node] = self.plan_tiling(node)
+        return done
+
+    def plan_tiling(self, node: Any) -> Tiling:
+        """``tiling`` without remembering the node (which would count as a reference to it)."""
         out = []
         for ax in node.axes:
             r = ax.root()
@@ -230,8 +239,7 @@ class Lowering:
             if t is None:
                 t = tiling_of(r, self._tilings)
             out.append(t)
-        done = self._node_tilings[node] = tuple(out)
-        return done
+        return tuple(out)
 
     def plan(self, ops: list[Any], dying: dict[int, list[Any]] | None = None) -> None:
         """Resolve the tiling of every value the ops touch (errors name the group).
@@ -239,8 +247,8 @@ class Lowering:
         (``graph.nodes.deaths``); their tiles are reused (see the class docstring)."""
         self.ops = ops
         self.op_index = {op: i for i, op in enumerate(ops)}
-        if self._reuse and dying:
-            self._dying = dying
+        if self.reuses_memory and dying:
+            self.dying = dying
         tiling = self.tiling
         for op in ops:
             for n in op.inputs:
@@ -295,6 +303,7 @@ class Lowering:
         instead, so the values depending on it raise when read and the rest runs.
         """
         mark = len(self.tasks)
+        self.marks.append((op, mark))
         self.op = op
         try:
             op.opdef.lower(self, op)
@@ -307,12 +316,13 @@ class Lowering:
             if arr.tiling != want:
                 self._count_retile(node, arr.tiling, want)
                 self.values[node] = self.retile(arr, want)
-        dead = self._dying.get(self.op_index.get(op, -1)) if self._dying else None
+        dead = self.dying.get(self.op_index.get(op, -1)) if self.dying else None
         if dead:
             for node in dead:
                 self._give_away(node)
 
     def _fail(self, op: Any, exc: Exception) -> None:
+        self.failed = True
         err = RuntimeError(f"lowering {op.label} failed: {type(exc).__name__}: {exc}")
         err.__cause__ = exc
         for node in op.outputs:
@@ -367,9 +377,10 @@ class Lowering:
         """Count a re-tiling for the op being lowered and each axis group it changes
         (``metrics()["retiles"]``): a tiling an op could not use costs copies."""
         op = self.op.label if self.op is not None else "?"
-        for ax, a, b in zip(node.axes, have, want):
+        for d, (ax, a, b) in enumerate(zip(node.axes, have, want)):
             if a != b:
                 stats.RETILES[(op, describe(ax))] += 1
+                self.retiles.append((op, node, d))
 
     def retile(self, src: TileArray, tiling: Tiling) -> TileArray:
         """Copy a value into another tiling: one task per destination tile."""
@@ -423,7 +434,7 @@ class Lowering:
         left = [h for free in self._pool.values() for h in free]
         self._pool = {}
         if left:
-            self.keep.append(_Held(self.rt, left))
+            self.keep.append(Held(self.rt, left))
 
     def commit(self) -> None:
         self._hold_pool()
@@ -470,4 +481,4 @@ def _raise(err: BaseException, *tiles: torch.Tensor) -> None:
     raise err
 
 
-__all__ = ["Arg", "Lowering", "PlanHandles", "R", "RW", "TileArray", "Tiling", "W", "offsets"]
+__all__ = ["Arg", "Held", "Lowering", "PlanHandles", "R", "RW", "TileArray", "Tiling", "W", "offsets"]

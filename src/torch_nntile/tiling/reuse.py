@@ -1,0 +1,489 @@
+"""Reuse of lowered steps: a compile with the structure of an earlier one takes that
+compile's tile tasks again, bound to new tiles, instead of being lowered.
+
+A training loop records the same graph every step. Its *structure* (``key``) is what
+lowering reads: per op its definition, its attributes, which values it reads (an
+earlier op's output, or a value from before the compile, with that value's tiling
+and which of its tiles it shares with the others), the shapes, dtypes and planned
+tilings of its outputs, and whether anything outside the compile holds each output
+(fusion and memory reuse depend on it). Equal keys give equal task lists up to the
+tiles, so the second compile of a structure records a ``Template``: the tasks with
+every tile handle replaced by a slot (a tile of a value from before the compile, or
+a new tile of some size) and every kernel by a recipe. Later compiles of that
+structure register new tiles for the slots and bind the tasks to them.
+
+The kernel of an op whose tasks all run the op's own kernel (``binds_kernel``:
+elementwise maps, fused chains, optimizer updates) is no part of the key: its tasks
+do not depend on it, and the recipe takes it from the new op, so scalars that change
+every step (the learning rate and bias corrections of ``torch.optim``'s foreach ops,
+a CPU scalar tensor's value) do not stop reuse. The CPU tensor of an ingress
+(``binds_data``) is taken from the new op likewise. Anything else in an op's
+attributes that is not plain data (a tensor, an unknown object) makes the compile
+one that is lowered every time.
+
+``TORCH_NNTILE_CHECK_REUSE=1`` lowers every reused compile again and raises if its
+tasks differ from the template's (the test suite runs with it).
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import os
+import types
+from typing import Any
+
+import torch
+
+from torch_nntile import stats
+from torch_nntile.graph.axes import describe
+from torch_nntile.graph.nodes import OpNode, outside_refs
+from torch_nntile.kernels import CpuScalar, Gemm, Kernel, PackB
+from torch_nntile.tiling.tiles import Held, Lowering, TileArray
+
+MAX_TEMPLATES = 32  # structures kept (least recently used dropped): a loop has a few compiles a step
+MAX_SEEN = 1024  # structures seen once (a template is made the second time)
+
+
+class Uncacheable(Exception):
+    """This compile is lowered every time (its structure is not plain data)."""
+
+
+# -- the key ---------------------------------------------------------------------------
+
+_PLAIN = (int, str, type(None), torch.dtype, types.FunctionType, types.BuiltinFunctionType, type, Gemm, PackB,
+          torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+
+
+def _attr_key(x: Any) -> Any:
+    """A hashable image of an attribute that tells apart every value lowering could
+    treat differently (``1``, ``1.0``, ``True``, ``0.0`` and ``-0.0`` differ)."""
+    t = type(x)
+    if t is tuple:
+        for y in x:
+            if type(y) is not int:
+                return tuple([_attr_key(y) for y in x])
+        return x  # ints only (dims, sizes): the common case, as it is
+    if t in _PLAIN:
+        return x
+    if t is Kernel:
+        return (Kernel, x.fn, _attr_key(x.params))
+    if t is float:
+        return (float, x.hex())
+    if t is bool:
+        return (bool, x)
+    if t is CpuScalar:
+        return (CpuScalar, x.dtype, _attr_key(x.value))
+    if t is list:
+        return (list, tuple([_attr_key(y) for y in x]))
+    if isinstance(x, enum.Enum) or getattr(x, "__module__", "").startswith("torch_nntile.") and (
+            t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__):
+        return x  # singletons compared by identity (a Reduction, the TILE slot marker)
+    if t is complex:
+        return (complex, x.real.hex(), x.imag.hex())
+    raise Uncacheable(t.__name__)
+
+
+def _op_attrs(op: OpNode) -> Any:
+    d = op.opdef
+    a = op.attrs
+    if d.binds_kernel:  # attrs = (kernel, name): the tasks run the new op's kernel, whatever it holds
+        return a[1]
+    if d.binds_data and type(a) is torch.Tensor:  # ingress: a contiguous CPU copy
+        return (torch.Tensor, tuple(a.shape), a.dtype)
+    return _attr_key(a)
+
+
+class Structure:
+    """The key of a compile's ops, and what binding a template to them needs: the
+    values read from before the compile (``nodes``, their tiles ``values``) and which
+    tile handle of theirs is which slot (``slot_of``). Holding those nodes is safe:
+    reference counts are read for the compile's own outputs only."""
+
+    __slots__ = ("key", "nodes", "values", "slot_of")
+
+    def __init__(self, ops: list[OpNode], ctx: Lowering) -> None:
+        tiling = ctx.plan_tiling
+        readers: dict[int, int] = {}
+        for op in ops:
+            for n in op.inputs:
+                readers[id(n)] = readers.get(id(n), 0) + 1
+        number: dict[int, int] = {}  # id(node) -> its number (ids only: refcounts below must not see us)
+        nodes: list[Any] = []
+        values: list[TileArray] = []
+        slot_of: dict[Any, int] = {}
+        parts: list[Any] = [ctx.ncpu]
+        for op in ops:
+            ins = []
+            for n in op.inputs:
+                r = number.get(id(n))
+                if r is None:  # a value from before this compile
+                    arr = n.value
+                    if arr is None:
+                        raise Uncacheable("unlowered input")
+                    r = number[id(n)] = ~len(values)
+                    nodes.append(n)
+                    values.append(arr)
+                    tiles = tuple([slot_of.setdefault(h, len(slot_of)) for h in arr.handles])
+                    parts.append((n.shape, n.dtype, tiling(n), arr.tiling, tiles))
+                ins.append(r)
+            refs = outside_refs(op)
+            outs = []
+            for out, c in zip(op.outputs, refs):
+                number[id(out)] = len(number)
+                outs.append((out.shape, out.dtype, tiling(out), c == readers.get(id(out), 0)))
+            parts.append((op.opdef, _op_attrs(op), tuple(ins), tuple(outs)))
+        self.key = tuple(parts)
+        self.nodes = nodes
+        self.values = values
+        self.slot_of = slot_of
+
+
+# -- kernels as recipes ----------------------------------------------------------------
+
+class _Hole:
+    """In a recipe: the kernel (``part`` 0) or the attributes (``part`` 1) of op ``i``."""
+
+    __slots__ = ("i", "part")
+
+    def __init__(self, i: int, part: int) -> None:
+        self.i, self.part = i, part
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Hole and (other.i, other.part) == (self.i, self.part)
+
+    def __hash__(self) -> int:
+        return hash((self.i, self.part))
+
+
+def _recipe(x: Any, holes: dict[int, _Hole]) -> Any:
+    """``x`` with the objects that come from bound ops replaced by holes (``x`` itself
+    where there are none)."""
+    h = holes.get(id(x))
+    if h is not None:
+        return h
+    t = type(x)
+    if t is Kernel:
+        params = _recipe(x.params, holes)
+        return x if params is x.params else _KernelRecipe(x.fn, params)
+    if t is tuple:
+        items = [_recipe(y, holes) for y in x]
+        at = tuple(i for i, (a, b) in enumerate(zip(items, x)) if a is not b)
+        return _TupleRecipe(x, at, tuple(items[i] for i in at)) if at else x
+    return x
+
+
+class _KernelRecipe:
+    __slots__ = ("fn", "params")
+
+    def __init__(self, fn: Any, params: Any) -> None:
+        self.fn, self.params = fn, params
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _KernelRecipe and other.fn is self.fn and other.params == self.params
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+
+class _TupleRecipe:
+    """A tuple whose items at ``at`` are recipes (``parts``); the others are ``items``'."""
+
+    __slots__ = ("items", "at", "parts")
+
+    def __init__(self, items: tuple[Any, ...], at: tuple[int, ...], parts: tuple[Any, ...]) -> None:
+        self.items, self.at, self.parts = items, at, parts
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is _TupleRecipe and other.at == self.at and other.parts == self.parts
+                and all(a is b or a == b for i, (a, b) in enumerate(zip(other.items, self.items)) if i not in self.at))
+
+    def __hash__(self) -> int:
+        return hash(self.at)
+
+
+def _cook(r: Any, ops: list[OpNode]) -> Any:
+    t = type(r)
+    if t is _Hole:
+        a = ops[r.i].attrs
+        return a[0] if r.part == 0 else a
+    if t is _KernelRecipe:
+        return Kernel(r.fn, *_cook(r.params, ops))
+    if t is _TupleRecipe:
+        out = list(r.items)
+        for i, p in zip(r.at, r.parts):
+            out[i] = _cook(p, ops)
+        return tuple(out)
+    return r
+
+
+def _has_scalar(x: Any) -> bool:
+    """Whether kernel data holds a float, a CPU scalar or a tensor (a value a new op may change)."""
+    t = type(x)
+    if t is Kernel:
+        return _has_scalar(x.params)
+    if t is tuple or t is list:
+        return any(_has_scalar(y) for y in x)
+    if t is _KernelRecipe:
+        return _has_scalar(x.params)
+    if t is _TupleRecipe:
+        return any(_has_scalar(y) for i, y in enumerate(x.items) if i not in x.at) or any(map(_has_scalar, x.parts))
+    return t is float or t is CpuScalar or t is torch.Tensor or t is complex
+
+
+# -- templates -------------------------------------------------------------------------
+
+
+class _Given:
+    """A source of handles for ``TileArray``: the ones a template assigned."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
+
+    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
+        return self.handles
+
+
+class Template:
+    """A lowered compile with its tiles as slots and its kernels as recipes."""
+
+    __slots__ = ("kernels", "tasks", "values", "fresh", "arrays", "temps", "retiles", "nslots")
+
+    kernels: tuple[Any, ...]  # recipes
+    tasks: tuple[tuple[int, tuple[int, ...], list[int], list[Any], str], ...]  # kernel, slots, modes, specs, name
+    values: tuple[Any, ...]  # tilings of the values from before the compile
+    fresh: tuple[tuple[int, int], ...]  # per new slot, (items, item size)
+    arrays: tuple[tuple[Any, ...], ...]  # shape, dtype, tiling, own slots | None, base, order, (op, output), label
+    temps: tuple[int, ...]  # new slots no value keeps: released once the tasks were submitted
+    retiles: tuple[tuple[str, tuple[int, int], int], ...]  # re-tilings counted: op, (op, output) re-tiled, dim
+    nslots: int
+
+    def signature(self) -> tuple[Any, ...]:
+        return (self.kernels, self.tasks, self.values, self.fresh, self.arrays, self.temps, self.retiles,
+                self.nslots)
+
+
+def build(ctx: Lowering, pre: list[OpNode], st: Structure, marks: list[tuple[OpNode, int]],
+          dying: set[int], retiles: list[tuple[str, Any, int]]) -> Template:
+    """The template of a compile just lowered (before ``ctx.commit``): ``pre`` its ops
+    before fusion, ``marks`` each lowered op with the index of its first task,
+    ``dying`` the ids of the values that died within it, ``retiles`` the re-tilings
+    it counted (op, node, dim)."""
+    if ctx.failed:
+        raise Uncacheable("an op failed to lower")
+    holes: dict[int, _Hole] = {}
+    where: dict[int, tuple[int, int]] = {}  # id(node) -> (op, output) in ``pre``
+    for i, op in enumerate(pre):
+        d = op.opdef
+        if d.binds_kernel:
+            holes[id(op.attrs[0])] = _Hole(i, 0)
+        elif d.binds_data and type(op.attrs) is torch.Tensor:
+            holes[id(op.attrs)] = _Hole(i, 1)
+        for j, n in enumerate(op.outputs):
+            where[id(n)] = (i, j)
+    # tasks: kernels as recipes (one per kernel object), handles as slots
+    slot_of = dict(st.slot_of)
+    n_ext = len(slot_of)
+    rt = ctx.rt
+    fresh: list[tuple[int, int]] = []  # per new slot: (items, item size)
+
+    def slot(h: Any) -> int:
+        s = slot_of.get(h)
+        if s is None:
+            size = rt.reuse_key(h)
+            if size is None:
+                raise Uncacheable("a tile got no memory")
+            s = slot_of[h] = len(slot_of)
+            fresh.append(size)
+        return s
+
+    kernel_slot: dict[int, int] = {}
+    kernels: list[Any] = []
+    bound = {id(op): op.opdef.binds_kernel or op.opdef.binds_data for op, _ in marks}
+    ends = [m for _, m in marks[1:]] + [len(ctx.tasks)]
+    tasks = []
+    for (op, start), end in zip(marks, ends):
+        loose = bound[id(op)]
+        for fn, handles, modes, specs, name in ctx.tasks[start:end]:
+            k = kernel_slot.get(id(fn))
+            if k is None:
+                r = _recipe(fn, holes)
+                if r is fn and loose and _has_scalar(fn):  # a scalar the key left out, in a kernel no recipe rebuilds
+                    raise Uncacheable(f"a kernel of {op.label} holds its op's scalars")
+                k = kernel_slot[id(fn)] = len(kernels)
+                kernels.append(r)
+            tasks.append((k, tuple([slot(h) for h in handles]), modes, specs, name))
+    # values left behind, and the arrays they need (view bases first)
+    index: dict[int, int] = {id(a): ~k for k, a in enumerate(st.values)}
+    arrays: list[list[Any]] = []
+    owned: set[int] = set()
+
+    def array(arr: TileArray, at: tuple[int, int] | None, label: str | None) -> int:
+        a = index.get(id(arr))
+        if a is not None:
+            if at is None:
+                return a
+            if a < 0 or arrays[a][6] is not None:
+                raise Uncacheable("one array for two values")
+            arrays[a][6:] = [at, label]
+            return a
+        if arr.base is None:
+            tiles = tuple([slot(h) for h in arr.handles])
+            owned.update(tiles)
+            spec = [arr.shape, arr.dtype, arr.tiling, tiles, None, None]
+        else:
+            b = array(arr.base, None, None)
+            pos = {h: f for f, h in enumerate(arr.base.handles)}
+            spec = [arr.shape, arr.dtype, arr.tiling, None, b, [pos[h] for h in arr.handles]]
+        index[id(arr)] = len(arrays)
+        arrays.append([*spec, at, label])
+        return len(arrays) - 1
+
+    ext = {id(n): (~k, 0) for k, n in enumerate(st.nodes)}  # a value from before (re-tiled for good)
+    for node, arr in ctx.values.items():
+        if id(node) in dying:
+            continue
+        at = where.get(id(node)) or ext.get(id(node))
+        if at is None:
+            raise Uncacheable("a value of no op")
+        array(arr, at, node.op.label if node.op is not None else None)
+    t = Template()
+    t.kernels = tuple(kernels)
+    t.tasks = tuple(tasks)
+    t.values = tuple(tuple(a.tiling for a in st.values))
+    t.fresh = tuple(fresh)
+    t.arrays = tuple(tuple(a) for a in arrays)
+    t.temps = tuple(s for s in range(n_ext, len(slot_of)) if s not in owned)
+    try:
+        t.retiles = tuple((op, where.get(id(n)) or ext[id(n)], d) for op, n, d in retiles)
+    except KeyError:
+        raise Uncacheable("a re-tiled value of no op") from None
+    t.nslots = len(slot_of)
+    return t
+
+
+def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) -> None:
+    """Fill ``ctx`` with ``t``'s tasks on new tiles and commit the values ``ops`` leave."""
+    rt = ctx.rt
+    slots: list[Any] = [None] * t.nslots
+    for h, s in st.slot_of.items():
+        slots[s] = h
+    n_ext = len(st.slot_of)
+    by_size: dict[int, list[int]] = {}
+    for k, (_, elemsize) in enumerate(t.fresh):
+        by_size.setdefault(elemsize, []).append(k)
+    for elemsize, ks in by_size.items():
+        for k, h in zip(ks, rt.register_many([t.fresh[k][0] for k in ks], elemsize)):
+            slots[n_ext + k] = h
+    keep = ctx.keep
+    keep.extend(st.values)
+    made: list[TileArray] = []
+    for shape, dtype, tiling, tiles, base, order, _, _ in t.arrays:
+        if tiles is not None:
+            arr = TileArray(rt, shape, dtype, tiling, source=_Given([slots[s] for s in tiles]))
+        else:
+            arr = TileArray(rt, shape, dtype, tiling, made[base] if base >= 0 else st.values[~base], order)
+        made.append(arr)
+    keep.extend(made)
+    if t.temps:
+        keep.append(Held(rt, [slots[s] for s in t.temps], counted=True))
+    kernels = [_cook(r, ops) for r in t.kernels]
+    ctx.tasks = [(kernels[k], [slots[s] for s in hs], modes, specs, name) for k, hs, modes, specs, name in t.tasks]
+    for op, (i, j), d in t.retiles:  # counted under the new values' axis groups
+        node = ops[i].outputs[j] if i >= 0 else st.nodes[~i]
+        stats.RETILES[(op, describe(node.axes[d]))] += 1
+    labels = ctx.labels
+    for arr, (*_, at, label) in zip(made, t.arrays):
+        if at is not None:
+            i, j = at
+            node = ops[i].outputs[j] if i >= 0 else st.nodes[~i]
+            node.value = arr
+            if label is not None:
+                labels[id(arr)] = label
+
+
+def _difference(old: Template, new: Template) -> str:
+    """Where two templates of one structure differ, for the check's error."""
+    for i, (a, b) in enumerate(zip(old.tasks, new.tasks)):
+        if a != b or old.kernels[a[0]] != new.kernels[b[0]]:
+            return f"task {i} ({b[4]}): {old.kernels[a[0]]!r} on {a[1:4]}, now {new.kernels[b[0]]!r} on {b[1:4]}"
+    for name in Template.__slots__:
+        if getattr(old, name) != getattr(new, name):
+            return f"{name}: {getattr(old, name)!r}, now {getattr(new, name)!r}"
+    return "?"
+
+
+class StepCache:
+    """Templates by structure, for one runtime (``graph.nodes.Reuse``); counts in
+    ``stats.COUNTS``: ``compiles_reused``, ``compiles_lowered`` and, in check mode,
+    ``compiles_checked`` (lowered, and found to match their template)."""
+
+    def __init__(self) -> None:
+        self.templates: collections.OrderedDict[Any, Template] = collections.OrderedDict()
+        self.seen: set[Any] = set()
+        self.check = stats.env_flag("TORCH_NNTILE_CHECK_REUSE")
+        self.enabled = stats.env_flag("TORCH_NNTILE_REUSE") or "TORCH_NNTILE_REUSE" not in os.environ
+        self._learn: Structure | None = None  # the structure of the compile being lowered, to learn from
+        self._checking: Template | None = None  # the template that compile must match (check mode)
+
+    def reuse(self, ctx: Lowering, ops: list[OpNode]) -> bool:
+        """Bind ``ops`` to the template of their structure, if there is one (True)."""
+        self._learn = None
+        if not self.enabled or not ops or not ctx.reuses_memory:
+            return False
+        t0 = stats.enter()
+        try:
+            try:
+                st = Structure(ops, ctx)
+            except Uncacheable:
+                return False
+            t = self.templates.get(st.key)
+            if t is None:
+                if st.key in self.seen:
+                    self._learn = st
+                else:
+                    if len(self.seen) >= MAX_SEEN:
+                        self.seen.clear()
+                    self.seen.add(st.key)
+                return False
+            self.templates.move_to_end(st.key)
+            if self.check:
+                self._learn = st
+                self._checking = t
+                return False
+            instantiate(t, ctx, ops, st)
+            stats.COUNTS["compiles_reused"] += 1
+            return True
+        finally:
+            stats.leave("compile.reuse", t0)
+
+    def learn(self, ctx: Lowering, pre: list[OpNode]) -> None:
+        """``ctx`` holds the lowering of ``pre`` (not committed): keep its template if
+        its structure was seen before."""
+        stats.COUNTS["compiles_lowered"] += 1
+        st, self._learn = self._learn, None
+        checking, self._checking = self._checking, None
+        if st is None:
+            return
+        t0 = stats.enter()
+        try:
+            dying = {id(n) for dead in ctx.dying.values() for n in dead}
+            try:
+                t = build(ctx, pre, st, ctx.marks, dying, ctx.retiles)
+            except Uncacheable:
+                self.seen.discard(st.key)
+                return
+            if checking is not None:
+                if t.signature() != checking.signature():
+                    raise RuntimeError("torch_nntile internal error: a compile with the structure of an earlier one "
+                                       f"lowered to other tasks (TORCH_NNTILE_CHECK_REUSE): {_difference(checking, t)}")
+                stats.COUNTS["compiles_checked"] += 1
+                return
+            self.seen.discard(st.key)
+            self.templates[st.key] = t
+            if len(self.templates) > MAX_TEMPLATES:
+                self.templates.popitem(last=False)
+        finally:
+            stats.leave("compile.reuse", t0)

@@ -1,0 +1,209 @@
+"""Reuse of lowered steps (``tiling.reuse``): a compile with the structure of an earlier
+one takes its tasks on new tiles. Results are those of lowering every compile (bit for
+bit), values that change between steps (Python scalars, CPU scalars, CPU data, which
+tensors share tiles, which results the program keeps, tilings) take effect, and the
+check mode finds no compile whose tasks differ from its template's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import assert_close
+
+import torch_nntile
+from torch_nntile.session import SESSION_STATE
+
+
+@pytest.fixture
+def steps():
+    """The session's cache of lowered steps, reuse on and check mode off (restored after)."""
+    cache = SESSION_STATE.steps
+    enabled, check = cache.enabled, cache.check
+    cache.enabled, cache.check = True, False
+    yield cache
+    cache.enabled, cache.check = enabled, check
+
+
+def counts() -> tuple[int, int]:
+    d = torch_nntile.info()
+    return d["compiles_reused"], d["compiles_lowered"]
+
+
+def model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                               torch.nn.Linear(16, 5))
+
+
+def train(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, n: int, tiles: list[int] | None = None) -> list[float]:
+    """``n`` AdamW steps (its bias corrections are new Python floats every step); the losses."""
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    if tiles is not None:
+        torch_nntile.set_axis_group_name(x, {0: "reuse_batch"})
+        torch_nntile.set_axis_group_tiling("reuse_batch", tiles)
+    out = []
+    for _ in range(n):
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(loss.item())
+    return out
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(9, 12, generator=g), torch.randint(0, 5, (9,), generator=g)
+
+
+@pytest.mark.parametrize("tiles", [None, [4, 5]], ids=["untiled", "uneven"])
+def test_training_reuses_steps_and_matches_cpu(steps, tiles):
+    x, y = data()
+    cpu = model()
+    dev = copy.deepcopy(cpu).to("nntile")
+    want = train(cpu, x, y, 6)
+    torch_nntile.reset_info()
+    got = train(dev, x.to("nntile"), y.to("nntile"), 6, tiles)
+    reused, lowered = counts()
+    assert reused >= 3, (reused, lowered)  # from the fourth step on (the first makes the optimizer's state)
+    assert got == pytest.approx(want, rel=1e-5)
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        assert_close(p.detach().cpu(), q.detach(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("tiles", [None, [4, 5]], ids=["untiled", "uneven"])
+def test_reused_steps_give_the_numbers_of_lowered_ones(steps, tiles):
+    x, y = data()
+    runs = []
+    for enabled in (True, False):
+        steps.enabled = enabled
+        m = model().to("nntile")
+        torch_nntile.reset_info()
+        losses = train(m, x.to("nntile"), y.to("nntile"), 5, tiles)
+        torch_nntile.wait()
+        runs.append((losses, [p.detach().cpu() for p in m.parameters()], counts()))
+    (l1, p1, c1), (l2, p2, c2) = runs
+    assert c1[0] > 0 and c2[0] == 0, (c1, c2)
+    assert l1 == l2
+    for a, b in zip(p1, p2):
+        assert torch.equal(a, b)
+
+
+def test_scalars_and_cpu_data_that_change_take_effect(steps):
+    torch.manual_seed(7)
+    x = torch.randn(4, 6)
+    xd = x.to("nntile")
+    torch_nntile.reset_info()
+    for i in range(6):
+        s, c = 0.5 * i - 1.0, torch.tensor(float(i) ** 2)  # a Python float and a CPU scalar tensor
+        noise = torch.randn(4, 6)  # new CPU data each step
+        want = torch.tanh(x * s + c) - noise * (i + 1)
+        got = torch.tanh(xd * s + c) - noise.to("nntile") * (i + 1)
+        assert_close(got.cpu(), want)
+    assert counts()[0] >= 3
+
+
+def test_signed_zero_scalars_of_other_ops_are_told_apart(steps):
+    for value in (0.0, 0.0, 0.0, -0.0, -0.0, 0.0):
+        got = torch.full((3,), value, device="nntile").cpu()
+        assert torch.equal(torch.signbit(got), torch.signbit(torch.full((3,), value)))
+
+
+def test_inputs_sharing_tiles_is_part_of_the_structure(steps):
+    torch.manual_seed(8)
+    a = torch.randn(4, 6)
+    ad = a.to("nntile")
+    alias = ad.view(6, 4)  # shares ad's tiles once lowered
+    other = (torch.randn(6, 4) * 3).to("nntile")
+    torch_nntile.execute()
+    torch_nntile.wait()
+    for b in (alias, alias, alias, other, other, alias, other):
+        got = (ad.reshape(6, 4) + 2 * b).sum(0)
+        want = (a.reshape(6, 4) + 2 * b.cpu()).sum(0)
+        assert_close(got.cpu(), want)
+
+
+def test_results_the_program_keeps_change_the_structure(steps):
+    torch.manual_seed(9)
+    x = torch.randn(5, 7)
+    xd = x.to("nntile")
+    for i in range(8):
+        h = torch.tanh(xd * 2)  # fused into the sum's chain unless the program keeps it
+        y = (h + 1).sum()
+        if i % 3 == 2:
+            assert_close(h.cpu(), torch.tanh(x * 2))
+        assert_close(y.cpu(), (torch.tanh(x * 2) + 1).sum())
+        del h
+
+
+def test_tilings_that_change_between_steps(steps):
+    torch.manual_seed(10)
+    x, w = torch.randn(9, 8), torch.randn(8, 8)
+    xd, wd = x.to("nntile"), w.to("nntile")
+    torch_nntile.set_axis_group_name(xd, {0: "reuse_rows"})
+    for tiles in ([4, 5], [4, 5], [4, 5], None, None, [3, 3, 3], [4, 5], None):
+        torch_nntile.set_axis_group_tiling("reuse_rows", tiles)
+        got = torch.relu(xd @ wd) * 2
+        assert_close(got.cpu(), torch.relu(x @ w) * 2)
+
+
+def test_check_mode_finds_the_templates_of_a_training_loop(steps):
+    steps.check = True
+    x, y = data()
+    cpu = model()
+    dev = copy.deepcopy(cpu).to("nntile")
+    want = train(cpu, x, y, 5)
+    torch_nntile.reset_info()
+    got = train(dev, x.to("nntile"), y.to("nntile"), 5, [4, 5])
+    assert torch_nntile.info()["compiles_checked"] >= 4
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_check_mode_on_a_gpt2_training_step(steps):
+    hf = pytest.importorskip("transformers")
+    steps.check = True
+    cfg = hf.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=50, n_positions=16, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
+    torch.manual_seed(11)
+    cpu = hf.GPT2LMHeadModel(cfg)
+    dev = copy.deepcopy(cpu).to("nntile")
+    ids = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(12))
+    idd = ids.to("nntile")
+    torch_nntile.set_axis_group_name(idd, {0: "reuse_gpt_batch"})
+    torch_nntile.set_axis_group_tiling("reuse_gpt_batch", [1, 3])
+    torch_nntile.reset_info()
+    for m, i in ((cpu, ids), (dev, idd)):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        for _ in range(5):
+            loss = m(input_ids=i, labels=i).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            m.last = loss.item()  # a read-back a step: the compiles of every step alike
+    assert torch_nntile.info()["compiles_checked"] >= 2
+    assert dev.last == pytest.approx(cpu.last, rel=1e-4)
+
+
+def test_info_reports_the_reuse(steps):
+    x, y = data()
+    torch_nntile.reset_info()
+    train(model().to("nntile"), x.to("nntile"), y.to("nntile"), 4)
+    reused, lowered = counts()
+    assert reused > 0
+    assert f"compiles that reused a lowered step: {reused} of {reused + lowered}" in torch_nntile.format_info()
+
+
+def test_reuse_can_be_switched_off():
+    from conftest import run_python
+    r = run_python("""
+        import torch, torch_nntile
+        torch_nntile.init_context(ncpu=2)
+        x = torch.randn(5, 5).to("nntile")
+        for _ in range(4):
+            (x * 2).cpu()
+        print(torch_nntile.info()["compiles_reused"])
+    """, env={**__import__("os").environ, "TORCH_NNTILE_REUSE": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0"]
