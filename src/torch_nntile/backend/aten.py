@@ -16,7 +16,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from torch_nntile import stats
 from torch_nntile.backend.device import (
-    DEVICE,
+    NNTILE,
     new_tensor,
     read,
     resize_output,
@@ -183,7 +183,7 @@ def _operand(x: Any) -> DataNode | Any:
     """A tensor argument as a node; a CPU 0-dim tensor as a ``CpuScalar`` (it promotes
     as a tensor, and the caller may change it before the kernel runs); others as given."""
     if isinstance(x, torch.Tensor):
-        if x.device.type != DEVICE and x.dim() == 0:
+        if x.device != NNTILE and x.dim() == 0:
             return CpuScalar(x)
         return read(x)
     return x
