@@ -207,3 +207,24 @@ def test_reuse_can_be_switched_off():
     """, env={**__import__("os").environ, "TORCH_NNTILE_REUSE": "0"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0"]
+
+
+def test_reused_steps_with_the_same_kernels_skip_preparing(steps, monkeypatch):
+    """A reused compile whose kernels equal its template's last ones is sent to StarPU
+    as the batch prepared then (on its own tiles); one whose scalars changed is prepared."""
+    rt = SESSION_STATE.rt
+    prepared = []
+    real = rt.prepare
+    monkeypatch.setattr(rt, "prepare", lambda tasks, *a: prepared.append(len(tasks)) or real(tasks, *a))
+    torch.manual_seed(13)
+    x = torch.randn(6, 5)
+    xd = x.to("nntile")
+    per_step = []
+    for i in range(8):
+        scale = 2.0 if i < 6 else 3.0 + i  # the same kernels for six steps, then new scalars
+        got = torch.sigmoid(xd @ xd.T) * scale
+        assert_close(got.cpu(), torch.sigmoid(x @ x.T) * scale)
+        per_step.append(sum(1 for n in prepared if n > 1))  # the readout's one task is prepared apart
+        prepared.clear()
+    assert per_step[4:6] == [0, 0], per_step  # bound again with equal kernels: the last batch
+    assert per_step[6:] == [1, 1], per_step  # new scalars: prepared

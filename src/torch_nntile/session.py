@@ -112,6 +112,7 @@ class Session:
             finally:
                 stats.leave("compile", t0)
             if self.compiled is not None:
+                self.compiled.reused = None  # two compiles' tasks: prepared as one batch
                 self.compiled.tasks.extend(ctx.tasks)
                 self.compiled.keep.extend(ctx.keep)
                 self.compiled.labels.update(ctx.labels)
@@ -147,7 +148,10 @@ class Session:
                 self.compiled = None
                 if self.tracer is not None:
                     self.tracer.tasks(ctx.tasks)
-                rt.submit(ctx.tasks)
+                if ctx.reused is not None:
+                    ctx.reused.submit(rt, ctx.tasks)
+                else:
+                    rt.submit(ctx.tasks)
             except BaseException:
                 if rt.sent == 0:  # nothing reached StarPU (e.g. Ctrl-C): the next run() submits it
                     self.compiled = ctx

@@ -94,6 +94,21 @@ def _op_attrs(op: OpNode) -> Any:
     return _attr_key(a)
 
 
+class Key:
+    """A structure's parts, hashed once (a dict lookup and the seen-set both need it)."""
+
+    __slots__ = ("parts", "hash")
+
+    def __init__(self, parts: tuple[Any, ...]) -> None:
+        self.parts, self.hash = parts, hash(parts)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Key and other.hash == self.hash and other.parts == self.parts
+
+
 class Structure:
     """The key of a compile's ops, and what binding a template to them needs: the
     values read from before the compile (``nodes``, their tiles ``values``) and which
@@ -133,7 +148,7 @@ class Structure:
                 number[id(out)] = len(number)
                 outs.append((out.shape, out.dtype, tiling(out), c == readers.get(id(out), 0)))
             parts.append((op.opdef, _op_attrs(op), tuple(ins), tuple(outs)))
-        self.key = tuple(parts)
+        self.key = Key(tuple(parts))
         self.nodes = nodes
         self.values = values
         self.slot_of = slot_of
@@ -249,7 +264,7 @@ class _Given:
 class Template:
     """A lowered compile with its tiles as slots and its kernels as recipes."""
 
-    __slots__ = ("kernels", "tasks", "values", "fresh", "arrays", "temps", "retiles", "nslots")
+    __slots__ = ("kernels", "tasks", "values", "fresh", "arrays", "temps", "retiles", "nslots", "batch")
 
     kernels: tuple[Any, ...]  # recipes
     tasks: tuple[tuple[int, tuple[int, ...], list[int], list[Any], str], ...]  # kernel, slots, modes, specs, name
@@ -259,6 +274,7 @@ class Template:
     temps: tuple[int, ...]  # new slots no value keeps: released once the tasks were submitted
     retiles: tuple[tuple[str, tuple[int, int], int], ...]  # re-tilings counted: op, (op, output) re-tiled, dim
     nslots: int
+    batch: tuple[Any, list[Any]] | None  # what StarPU was last sent for these tasks (Runtime.prepare), and its kernels
 
     def signature(self) -> tuple[Any, ...]:
         return (self.kernels, self.tasks, self.values, self.fresh, self.arrays, self.temps, self.retiles,
@@ -361,6 +377,7 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure, marks: list[tuple[OpN
     except KeyError:
         raise Uncacheable("a re-tiled value of no op") from None
     t.nslots = len(slot_of)
+    t.batch = None
     return t
 
 
@@ -391,6 +408,7 @@ def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) ->
         keep.append(Held(rt, [slots[s] for s in t.temps], counted=True))
     kernels = [_cook(r, ops) for r in t.kernels]
     ctx.tasks = [(kernels[k], [slots[s] for s in hs], modes, specs, name) for k, hs, modes, specs, name in t.tasks]
+    ctx.reused = Bound(t, kernels)
     for op, (i, j), d in t.retiles:  # counted under the new values' axis groups
         node = ops[i].outputs[j] if i >= 0 else st.nodes[~i]
         stats.RETILES[(op, describe(node.axes[d]))] += 1
@@ -402,6 +420,27 @@ def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) ->
             node.value = arr
             if label is not None:
                 labels[id(arr)] = label
+
+
+class Bound:
+    """A template's tasks bound to one compile's tiles and kernels: submitted with the
+    batch prepared for the template's last binding when the kernels are equal (the
+    same C programs and Python callbacks), else prepared anew (``Runtime.prepare``)."""
+
+    __slots__ = ("template", "kernels")
+
+    def __init__(self, template: Template, kernels: list[Any]) -> None:
+        self.template, self.kernels = template, kernels
+
+    def submit(self, rt: Any, tasks: list[Any]) -> None:
+        if rt.skip_starpu:  # a dry run prepares nothing
+            rt.submit(tasks)
+            return
+        t = self.template
+        last = t.batch
+        if last is None or not all(a is b or a == b for a, b in zip(self.kernels, last[1])):
+            last = t.batch = (rt.prepare(tasks), self.kernels)
+        rt.submit_batch(last[0], [h for task in tasks for h in task[1]])
 
 
 def _difference(old: Template, new: Template) -> str:
@@ -422,7 +461,7 @@ class StepCache:
 
     def __init__(self) -> None:
         self.templates: collections.OrderedDict[Any, Template] = collections.OrderedDict()
-        self.seen: set[Any] = set()
+        self.seen: set[int] = set()  # hashes of structures seen once (a collision only makes a template early)
         self.check = stats.env_flag("TORCH_NNTILE_CHECK_REUSE")
         self.enabled = stats.env_flag("TORCH_NNTILE_REUSE") or "TORCH_NNTILE_REUSE" not in os.environ
         self._learn: Structure | None = None  # the structure of the compile being lowered, to learn from
@@ -441,12 +480,13 @@ class StepCache:
                 return False
             t = self.templates.get(st.key)
             if t is None:
-                if st.key in self.seen:
+                h = st.key.hash
+                if h in self.seen:
                     self._learn = st
                 else:
                     if len(self.seen) >= MAX_SEEN:
                         self.seen.clear()
-                    self.seen.add(st.key)
+                    self.seen.add(h)
                 return False
             self.templates.move_to_end(st.key)
             if self.check:
@@ -473,7 +513,7 @@ class StepCache:
             try:
                 t = build(ctx, pre, st, ctx.marks, dying, ctx.retiles)
             except Uncacheable:
-                self.seen.discard(st.key)
+                self.seen.discard(st.key.hash)
                 return
             if checking is not None:
                 if t.signature() != checking.signature():
@@ -481,7 +521,7 @@ class StepCache:
                                        f"lowered to other tasks (TORCH_NNTILE_CHECK_REUSE): {_difference(checking, t)}")
                 stats.COUNTS["compiles_checked"] += 1
                 return
-            self.seen.discard(st.key)
+            self.seen.discard(st.key.hash)
             self.templates[st.key] = t
             if len(self.templates) > MAX_TEMPLATES:
                 self.templates.popitem(last=False)

@@ -220,6 +220,7 @@ class Lowering:
         self._pool: dict[tuple[int, int], list[Any]] = {}  # (items, item size) -> handles free for reuse
         self.marks: list[tuple[Any, int]] = []  # each op lowered, with the index of its first task
         self.failed = False  # an op's lowering raised (its tasks raise the error instead)
+        self.reused: Any = None  # the lowered step (``tiling.reuse.Bound``) these tasks were bound from, if any
         self.retiles: list[tuple[str, Any, int]] = []  # (op, node, dim) of each count this compile added to stats.RETILES
 
     # -- planning ---------------------------------------------------------
