@@ -43,7 +43,7 @@ from torch_nntile.kernels import Kernel
 from torch_nntile.ops.data import readout
 from torch_nntile.runtime.context import Batch, R, Runtime, W
 from torch_nntile.session import SESSION_STATE
-from torch_nntile.tiling.tiles import TileArray
+from torch_nntile.tiling.tiles import Given, TileArray
 
 Source = tuple[str, int]  # ("arg", flat argument index) or ("buf", id of a Buf alive before the call)
 
@@ -339,18 +339,6 @@ def _traced(fn: Callable[..., Any], args: tuple, kwargs: dict, flat: list[Any]) 
 # -- replay --------------------------------------------------------------------
 
 
-class _Given:
-    """The handles a new array takes (``TileArray``'s ``source``)."""
-
-    __slots__ = ("handles",)
-
-    def __init__(self, handles: list[Any]) -> None:
-        self.handles = handles
-
-    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
-        return self.handles
-
-
 class _Borrowed:
     """A stand-in base for arrays that only read tiles others own (a guard's readout)."""
 
@@ -502,7 +490,7 @@ class _Program:
                 arr = TileArray(self.rt, shape, dtype, tiling, self._build(base, handles, arrays, built), list(order))
             else:
                 _, shape, dtype, tiling, slots = desc
-                arr = TileArray(self.rt, shape, dtype, tiling, source=_Given([handles[s] for s in slots]))
+                arr = TileArray(self.rt, shape, dtype, tiling, source=Given([handles[s] for s in slots]))
             built[key] = arr
         return arr
 

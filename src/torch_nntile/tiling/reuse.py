@@ -39,7 +39,7 @@ from torch_nntile import stats
 from torch_nntile.graph.axes import describe
 from torch_nntile.graph.nodes import OpNode, outside_refs
 from torch_nntile.kernels import CpuScalar, Gemm, Kernel, PackB
-from torch_nntile.tiling.tiles import Held, Lowering, TileArray
+from torch_nntile.tiling.tiles import Given, Held, Lowering, TileArray
 
 MAX_TEMPLATES = 32  # structures kept (least recently used dropped): a loop has a few compiles a step
 MAX_SEEN = 1024  # structures seen once (a template is made the second time)
@@ -249,18 +249,6 @@ def _has_scalar(x: Any) -> bool:
 # -- templates -------------------------------------------------------------------------
 
 
-class _Given:
-    """A source of handles for ``TileArray``: the ones a template assigned."""
-
-    __slots__ = ("handles",)
-
-    def __init__(self, handles: list[Any]) -> None:
-        self.handles = handles
-
-    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
-        return self.handles
-
-
 class Template:
     """A lowered compile with its tiles as slots and its kernels as recipes."""
 
@@ -399,7 +387,7 @@ def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) ->
     made: list[TileArray] = []
     for shape, dtype, tiling, tiles, base, order, _, _ in t.arrays:
         if tiles is not None:
-            arr = TileArray(rt, shape, dtype, tiling, source=_Given([slots[s] for s in tiles]))
+            arr = TileArray(rt, shape, dtype, tiling, source=Given([slots[s] for s in tiles]))
         else:
             arr = TileArray(rt, shape, dtype, tiling, made[base] if base >= 0 else st.values[~base], order)
         made.append(arr)

@@ -168,6 +168,19 @@ class PlanHandles:
         pass
 
 
+class Given:
+    """A source of handles for ``TileArray`` (its ``source``): the ones already chosen for
+    the new array (a reused lowered step's, a replayed step's)."""
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
+
+    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
+        return self.handles
+
+
 class Held:
     """Handles the tasks of a compile use that no value keeps: released (as a dead
     tile's are) once those tasks were submitted. ``counted``: still counted as live
@@ -482,4 +495,4 @@ def _raise(err: BaseException, *tiles: torch.Tensor) -> None:
     raise err
 
 
-__all__ = ["Arg", "Held", "Lowering", "PlanHandles", "R", "RW", "TileArray", "Tiling", "W", "offsets"]
+__all__ = ["Arg", "Given", "Held", "Lowering", "PlanHandles", "R", "RW", "TileArray", "Tiling", "W", "offsets"]
