@@ -7,10 +7,11 @@ check mode finds no compile whose tasks differ from its template's."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, run_python
 
 import torch_nntile
 from torch_nntile.session import SESSION_STATE
@@ -196,7 +197,6 @@ def test_info_reports_the_reuse(steps):
 
 
 def test_reuse_can_be_switched_off():
-    from conftest import run_python
     r = run_python("""
         import torch, torch_nntile
         torch_nntile.init_context(ncpu=2)
@@ -204,7 +204,7 @@ def test_reuse_can_be_switched_off():
         for _ in range(4):
             (x * 2).cpu()
         print(torch_nntile.info()["compiles_reused"])
-    """, env={**__import__("os").environ, "TORCH_NNTILE_REUSE": "0"})
+    """, env={**os.environ, "TORCH_NNTILE_REUSE": "0"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0"]
 

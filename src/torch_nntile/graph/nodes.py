@@ -194,9 +194,7 @@ def lower_pending(graph: TensorGraph, make_ctx: Callable[[], Any],
     ctx = make_ctx()
     pre = ops
     try:
-        if steps is not None and steps.reuse(ctx, ops):
-            pass
-        else:
+        if steps is None or not steps.reuse(ctx, ops):
             ops = lower_ops(ctx, ops, rewrite)
             if steps is not None:
                 steps.learn(ctx, pre)

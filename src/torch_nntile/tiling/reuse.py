@@ -167,9 +167,6 @@ class _Hole:
     def __eq__(self, other: object) -> bool:
         return type(other) is _Hole and (other.i, other.part) == (self.i, self.part)
 
-    def __hash__(self) -> int:
-        return hash((self.i, self.part))
-
 
 def _recipe(x: Any, holes: dict[int, _Hole]) -> Any:
     """``x`` with the objects that come from bound ops replaced by holes (``x`` itself
@@ -197,9 +194,6 @@ class _KernelRecipe:
     def __eq__(self, other: object) -> bool:
         return type(other) is _KernelRecipe and other.fn is self.fn and other.params == self.params
 
-    def __hash__(self) -> int:
-        return hash(self.fn)
-
 
 class _TupleRecipe:
     """A tuple whose items at ``at`` are recipes (``parts``); the others are ``items``'."""
@@ -212,9 +206,6 @@ class _TupleRecipe:
     def __eq__(self, other: object) -> bool:
         return (type(other) is _TupleRecipe and other.at == self.at and other.parts == self.parts
                 and all(a is b or a == b for i, (a, b) in enumerate(zip(other.items, self.items)) if i not in self.at))
-
-    def __hash__(self) -> int:
-        return hash(self.at)
 
 
 def _cook(r: Any, ops: list[OpNode]) -> Any:
@@ -239,10 +230,6 @@ def _has_scalar(x: Any) -> bool:
         return _has_scalar(x.params)
     if t is tuple or t is list:
         return any(_has_scalar(y) for y in x)
-    if t is _KernelRecipe:
-        return _has_scalar(x.params)
-    if t is _TupleRecipe:
-        return any(_has_scalar(y) for i, y in enumerate(x.items) if i not in x.at) or any(map(_has_scalar, x.parts))
     return t is float or t is CpuScalar or t is torch.Tensor or t is complex
 
 
@@ -252,11 +239,10 @@ def _has_scalar(x: Any) -> bool:
 class Template:
     """A lowered compile with its tiles as slots and its kernels as recipes."""
 
-    __slots__ = ("kernels", "tasks", "values", "fresh", "arrays", "temps", "retiles", "nslots", "batch")
+    __slots__ = ("kernels", "tasks", "fresh", "arrays", "temps", "retiles", "nslots", "batch")
 
     kernels: tuple[Any, ...]  # recipes
     tasks: tuple[tuple[int, tuple[int, ...], list[int], list[Any], str], ...]  # kernel, slots, modes, specs, name
-    values: tuple[Any, ...]  # tilings of the values from before the compile
     fresh: tuple[tuple[int, int], ...]  # per new slot, (items, item size)
     arrays: tuple[tuple[Any, ...], ...]  # shape, dtype, tiling, own slots | None, base, order, (op, output), label
     temps: tuple[int, ...]  # new slots no value keeps: released once the tasks were submitted
@@ -265,16 +251,12 @@ class Template:
     batch: tuple[Any, list[Any]] | None  # what StarPU was last sent for these tasks (Runtime.prepare), and its kernels
 
     def signature(self) -> tuple[Any, ...]:
-        return (self.kernels, self.tasks, self.values, self.fresh, self.arrays, self.temps, self.retiles,
-                self.nslots)
+        return self.kernels, self.tasks, self.fresh, self.arrays, self.temps, self.retiles, self.nslots
 
 
-def build(ctx: Lowering, pre: list[OpNode], st: Structure, marks: list[tuple[OpNode, int]],
-          dying: set[int], retiles: list[tuple[str, Any, int]]) -> Template:
-    """The template of a compile just lowered (before ``ctx.commit``): ``pre`` its ops
-    before fusion, ``marks`` each lowered op with the index of its first task,
-    ``dying`` the ids of the values that died within it, ``retiles`` the re-tilings
-    it counted (op, node, dim)."""
+def build(ctx: Lowering, pre: list[OpNode], st: Structure) -> Template:
+    """The template of a compile just lowered (before ``ctx.commit``), ``pre`` its ops
+    before fusion."""
     if ctx.failed:
         raise Uncacheable("an op failed to lower")
     holes: dict[int, _Hole] = {}
@@ -305,11 +287,11 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure, marks: list[tuple[OpN
 
     kernel_slot: dict[int, int] = {}
     kernels: list[Any] = []
-    bound = {id(op): op.opdef.binds_kernel or op.opdef.binds_data for op, _ in marks}
+    marks = ctx.marks
     ends = [m for _, m in marks[1:]] + [len(ctx.tasks)]
     tasks = []
     for (op, start), end in zip(marks, ends):
-        loose = bound[id(op)]
+        loose = op.opdef.binds_kernel or op.opdef.binds_data
         for fn, handles, modes, specs, name in ctx.tasks[start:end]:
             k = kernel_slot.get(id(fn))
             if k is None:
@@ -346,6 +328,7 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure, marks: list[tuple[OpN
         return len(arrays) - 1
 
     ext = {id(n): (~k, 0) for k, n in enumerate(st.nodes)}  # a value from before (re-tiled for good)
+    dying = {id(n) for dead in ctx.dying.values() for n in dead}
     for node, arr in ctx.values.items():
         if id(node) in dying:
             continue
@@ -356,12 +339,11 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure, marks: list[tuple[OpN
     t = Template()
     t.kernels = tuple(kernels)
     t.tasks = tuple(tasks)
-    t.values = tuple(tuple(a.tiling for a in st.values))
     t.fresh = tuple(fresh)
     t.arrays = tuple(tuple(a) for a in arrays)
     t.temps = tuple(s for s in range(n_ext, len(slot_of)) if s not in owned)
     try:
-        t.retiles = tuple((op, where.get(id(n)) or ext[id(n)], d) for op, n, d in retiles)
+        t.retiles = tuple((op, where.get(id(n)) or ext[id(n)], d) for op, n, d in ctx.retiles)
     except KeyError:
         raise Uncacheable("a re-tiled value of no op") from None
     t.nslots = len(slot_of)
@@ -397,17 +379,21 @@ def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) ->
     kernels = [_cook(r, ops) for r in t.kernels]
     ctx.tasks = [(kernels[k], [slots[s] for s in hs], modes, specs, name) for k, hs, modes, specs, name in t.tasks]
     ctx.reused = Bound(t, kernels)
-    for op, (i, j), d in t.retiles:  # counted under the new values' axis groups
-        node = ops[i].outputs[j] if i >= 0 else st.nodes[~i]
-        stats.RETILES[(op, describe(node.axes[d]))] += 1
+    for op, at, d in t.retiles:  # counted under the new values' axis groups
+        stats.RETILES[(op, describe(_node(at, ops, st).axes[d]))] += 1
     labels = ctx.labels
     for arr, (*_, at, label) in zip(made, t.arrays):
         if at is not None:
-            i, j = at
-            node = ops[i].outputs[j] if i >= 0 else st.nodes[~i]
-            node.value = arr
+            _node(at, ops, st).value = arr
             if label is not None:
                 labels[id(arr)] = label
+
+
+def _node(at: tuple[int, int], ops: list[OpNode], st: Structure) -> Any:
+    """The value a template names: output ``j`` of op ``i``, or (``i < 0``) value ``~i``
+    from before the compile."""
+    i, j = at
+    return ops[i].outputs[j] if i >= 0 else st.nodes[~i]
 
 
 class Bound:
@@ -497,9 +483,8 @@ class StepCache:
             return
         t0 = stats.enter()
         try:
-            dying = {id(n) for dead in ctx.dying.values() for n in dead}
             try:
-                t = build(ctx, pre, st, ctx.marks, dying, ctx.retiles)
+                t = build(ctx, pre, st)
             except Uncacheable:
                 self.seen.discard(st.key.hash)
                 return
