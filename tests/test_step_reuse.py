@@ -228,3 +228,16 @@ def test_reused_steps_with_the_same_kernels_skip_preparing(steps, monkeypatch):
         prepared.clear()
     assert per_step[4:6] == [0, 0], per_step  # bound again with equal kernels: the last batch
     assert per_step[6:] == [1, 1], per_step  # new scalars: prepared
+
+
+def test_zero_size_and_0_dim_values_in_reused_steps(steps):
+    torch.manual_seed(14)
+    empty, scalar = torch.randn(0, 4), torch.randn(())
+    ed, sd = empty.to("nntile"), scalar.to("nntile")
+    torch_nntile.reset_info()
+    for i in range(6):
+        got_empty = (ed * (i + 1)).sum(0) + sd  # [4] from a zero-size value, plus a 0-dim one
+        got_scalar = torch.tanh(sd * (i - 2.5))
+        assert_close(got_empty.cpu(), (empty * (i + 1)).sum(0) + scalar)
+        assert_close(got_scalar.cpu(), torch.tanh(scalar * (i - 2.5)))
+    assert counts()[0] >= 3
