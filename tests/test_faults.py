@@ -27,6 +27,7 @@ from torch_nntile.backend.device import new_tensor, read
 from torch_nntile.kernels import Kernel
 from torch_nntile.nn.model import DeepReLU
 from torch_nntile.ops.base import map_op
+from torch_nntile.runtime import interrupts
 
 CRASH_MARKS = ("Segmentation fault", "Aborted", "Fatal Python error", "core dumped", "SIGSEGV", "SIGABRT")
 
@@ -305,10 +306,9 @@ def test_ctrl_c_inside_a_tile_finalizer_is_not_lost(monkeypatch, how):
     x = torch.randn(6, 5).to("nntile")
     y = x * 2
     y.cpu()
-    from torch_nntile.tiling import tiles
 
     if how == "signal":
-        assert signal.getsignal(signal.SIGINT) is tiles._sigint  # Python's own handler, wrapped
+        assert signal.getsignal(signal.SIGINT) is interrupts._sigint  # Python's own handler, wrapped
     hit = []
     release = Runtime.release
 
@@ -341,6 +341,43 @@ def test_ctrl_c_interrupts_readout_and_wait():
     latency = dict(lines)
     assert latency["caught in cpu"] < 5.0 and latency["caught in wait"] < 5.0, lines
     assert latency["exit"] < 30.0, lines  # not the minute of work left
+
+
+@pytest.mark.parametrize("kind", ["readout", "wait"])
+def test_ctrl_c_at_any_line_of_a_wait(kind):
+    """A KeyboardInterrupt raised on entry to each Python function a read-back or a
+    wait() calls, in turn (where a SIGINT's handler can run: Python looks for pending
+    signals there): that is what the caller gets, never another error (``Condition.wait``
+    interrupted between its wait and taking its lock back made "release unlocked
+    lock"), and the session goes on with the right values."""
+    x = torch.randn(64, 48)
+    xn = x.to("nntile")
+    hit = 0
+    for n in range(2000):
+        y = torch.tanh(xn @ xn.T) * 0.5
+        events = [0]
+
+        def tracer(frame, event, arg, n=n, events=events):
+            f = frame
+            while f is not None:
+                if f.f_code in interrupts._FINALIZERS:  # deferred (test above): raised later
+                    return
+                f = f.f_back
+            events[0] += 1  # only calls: tracing lines would raise where no handler runs
+            if events[0] == n:
+                interrupts._sigint(signal.SIGINT, frame)  # as a SIGINT arriving there
+
+        sys.settrace(tracer)
+        try:
+            y.cpu() if kind == "readout" else torch_nntile.wait()
+        except KeyboardInterrupt:
+            hit += 1
+        finally:
+            sys.settrace(None)
+        if events[0] < n:  # ran to its end before the n-th event
+            break
+        assert_close(y.cpu(), torch.tanh(x @ x.T) * 0.5)
+    assert hit >= 10 and events[0] < n, (hit, n)
 
 
 def test_uncaught_ctrl_c_exits_likerun_python():

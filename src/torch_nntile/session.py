@@ -23,6 +23,7 @@ from torch_nntile.graph.nodes import SESSION, DataNode, lower_pending
 from torch_nntile.ops.data import readout
 from torch_nntile.ops.fusion import fuse_elementwise
 from torch_nntile.runtime.context import Runtime
+from torch_nntile.runtime.interrupts import SHIELD
 from torch_nntile.tiling.reuse import StepCache
 from torch_nntile.tiling.tiles import Lowering
 
@@ -101,7 +102,7 @@ class Session:
             self.run()
 
     def _compile(self) -> None:
-        with self.lock:
+        with self.lock, SHIELD:  # Ctrl-C waits for the end: stopped half-way, ops were lost
             rt = self.runtime()
             t0 = stats.enter()
             try:
@@ -135,7 +136,7 @@ class Session:
         ``progress`` (a callback ``(done, total)``, or True for a bar on stderr) is
         reported by the next ``wait()``.
         """
-        with self.lock:
+        with self.lock, SHIELD:  # Ctrl-C waits for the end: stopped half-way, tasks were lost
             if progress is not None:
                 self.progress = _hook(progress)
             ctx = self.compiled

@@ -11,6 +11,7 @@ from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record
 from torch_nntile.runtime.context import Done, Runtime, failure_error
+from torch_nntile.runtime.interrupts import SHIELD
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 
@@ -131,9 +132,10 @@ def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
             idxs = list(arr.indices())
             views = [cpu[arr.slices(idx)] for idx in idxs]
             done = Done()
-            ctx = Lowering(rt)
-            ctx.task(Kernel(copy_out, tuple(views)), [Arg(arr, idx, R) for idx in idxs], "readout")
-            rt.submit(ctx.tasks, notify=done)
+            with SHIELD:
+                ctx = Lowering(rt)
+                ctx.task(Kernel(copy_out, tuple(views)), [Arg(arr, idx, R) for idx in idxs], "readout")
+                rt.submit(ctx.tasks, notify=done)
             t1 = stats.enter()
             try:
                 rt.wait_for(done)

@@ -19,6 +19,7 @@ readout has reported yet. Every blocking wait is done in short slices, so Ctrl-C
 
 from __future__ import annotations
 
+import _thread
 import collections
 import functools
 import itertools
@@ -37,6 +38,7 @@ from torch_nntile import stats
 from torch_nntile.kernels import Gemm, Kernel, PackB
 from torch_nntile.kernels.native import input_error as native_input_error
 from torch_nntile.kernels.native import record as ew_record
+from torch_nntile.runtime.interrupts import SHIELD
 
 R, W, RW = 1, 2, 3  # STARPU_R, STARPU_W, STARPU_RW
 WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
@@ -109,9 +111,41 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
-class Done(threading.Event):
+class Latch:
+    """Set once, by any thread; waited for in slices by the thread Ctrl-C reaches.
+
+    A raw lock, not a ``threading.Condition``: a KeyboardInterrupt raised at any line of
+    ``wait`` leaves it consistent, whereas one raised inside ``Condition.wait`` after its
+    wait and before it takes its lock back makes the ``with`` around it fail with
+    "release unlocked lock" instead.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        """Called once (a second call does nothing)."""
+        if not self._set:
+            self._set = True  # before the release: a waiter that wakes sees it
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Whether it is set, after waiting at most ``timeout`` seconds for it."""
+        return self._set or self._lock.acquire(timeout=timeout) or self._set
+
+
+class Done(Latch):
     """Set once a readout's task has run; ``failure`` is then the id of the failure
     its tiles held (0: they held values)."""
+
+    __slots__ = ("failure",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -249,7 +283,7 @@ class Runtime:
         self._lock = threading.Lock()  # guards paused and every pause/resume
         self._epoch = 0  # submissions so far
         self._drained = 0  # every task of submissions up to this one has run
-        self._idle = threading.Condition(threading.Lock())
+        self._waiters: list[tuple[int, Latch]] = []  # (target, latch) of wait()s: set once target is drained
         self._drain = threading.Event()
         self._trimmed = 0.0  # time.monotonic() of the last tnt_trim
         self._pauser = threading.Thread(target=self._pause_when_drained, name="torch_nntile-pauser", daemon=True)
@@ -522,10 +556,16 @@ class Runtime:
                 if self.alive and epoch == self._epoch and not self.paused:
                     self.lib.tnt_pause()
                     self.paused = True
-            with self._idle:
+            with self._lock:
                 if epoch > self._drained:
                     self._drained = epoch
-                self._idle.notify_all()
+                left = []
+                for target, latch in self._waiters:
+                    if target <= self._drained:
+                        latch.set()
+                    else:
+                        left.append((target, latch))
+                self._waiters = left
             now = time.monotonic()
             if now - self._trimmed >= TRIM_S:  # idle now: return malloc's free pages (see tnt_trim)
                 self._trimmed = now
@@ -534,20 +574,22 @@ class Runtime:
     def _wait_drained(self) -> int:
         """Block until every task submitted so far has run; return that submission count.
 
-        Waits on the pauser's condition in slices: Ctrl-C raises KeyboardInterrupt here
+        Waits for a latch the pauser sets, in slices: Ctrl-C raises KeyboardInterrupt here
         within about SLICE_S while tasks still run (they go on).
         """
+        latch = Latch()
         with self._lock:
             target = self._epoch
-        idle = self._idle
-        with idle:
-            while self._drained < target:
-                if not idle.wait(SLICE_S) and not self._pauser.is_alive():
-                    self.lib.tnt_wait_all()  # the pauser is gone (it never should be): wait here
-                    break
+            if self._drained >= target:
+                return target
+            self._waiters.append((target, latch))
+        while not latch.wait(SLICE_S):
+            if not self._pauser.is_alive():
+                self.lib.tnt_wait_all()  # the pauser is gone (it never should be): wait here
+                break
         return target
 
-    def wait_for(self, done: threading.Event) -> None:
+    def wait_for(self, done: Latch) -> None:
         """Block until ``done`` is set, in slices (Ctrl-C gets through)."""
         while not done.wait(SLICE_S):
             pass
@@ -613,11 +655,12 @@ class Runtime:
     def raise_unreported(self) -> None:
         """Raise the first failure not reported yet (counting the others in its message)."""
         new = []
-        while _UNREPORTED:
-            f = _UNREPORTED.popleft()
-            if not f.reported:
-                f.reported = True
-                new.append(f)
+        with SHIELD:  # Ctrl-C waits: a failure taken from the queue is not lost
+            while _UNREPORTED:
+                f = _UNREPORTED.popleft()
+                if not f.reported:
+                    f.reported = True
+                    new.append(f)
         if new:
             err = new[0].error()
             if len(new) > 1:

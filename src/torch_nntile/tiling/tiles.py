@@ -7,12 +7,8 @@ tile sizes, and one StarPU handle per tile (flat, C order over the grid). The
 
 from __future__ import annotations
 
-import _thread
 import itertools
 import math
-import signal
-import threading
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -22,6 +18,7 @@ from torch_nntile import stats
 from torch_nntile.graph.axes import describe, tiling_of
 from torch_nntile.kernels import KERNEL_TYPES, Kernel, KernelData, native
 from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
+from torch_nntile.runtime.interrupts import in_finalizer, install, interrupt_later
 
 Tiling = tuple[tuple[int, ...], ...]
 
@@ -97,45 +94,10 @@ class TileArray:
             return
         try:
             self.rt.release(self.handles)
-        except KeyboardInterrupt:  # raised by a SIGINT handler other than ours (see _sigint)
-            _interrupt_later()
+        except KeyboardInterrupt:  # raised by a SIGINT handler other than ours (see interrupts)
+            interrupt_later()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-
-# A KeyboardInterrupt raised inside a finalizer is reported and dropped by Python, and a
-# finalizer can start at any line of the program. While Python's own SIGINT handler is
-# in place it is replaced by one that, when the signal lands in a finalizer releasing
-# tiles (``_FINALIZERS``: TileArray's, Held's; at any line, its first included),
-# raises KeyboardInterrupt in the main thread once the finalizer has returned, through
-# a helper thread; anywhere else it raises at once.
-
-def _interrupt_after(left: threading.Event) -> None:
-    left.wait()
-    time.sleep(0.005)  # the finalizer's last lines run meanwhile (it holds the interpreter)
-    _thread.interrupt_main()
-
-
-def _interrupt_later() -> None:
-    left = threading.Event()
-    threading.Thread(target=_interrupt_after, args=(left,), daemon=True).start()
-    left.set()
-
-
-def _sigint(signum: int, frame: Any) -> None:
-    f = frame
-    for _ in range(8):  # the finalizer, or what it calls
-        if f is None:
-            break
-        if f.f_code in _FINALIZERS:
-            _interrupt_later()
-            return
-        f = f.f_back
-    raise KeyboardInterrupt
-
-
-if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _sigint)
 
 
 def _check_kernel(fn: Any, name: str) -> None:
@@ -191,18 +153,19 @@ class Held:
     def __init__(self, rt: Runtime, handles: list[Any], counted: bool = False) -> None:
         self.rt, self.handles, self.counted = rt, handles, counted
 
-    def __del__(self) -> None:  # as TileArray's (see _sigint)
+    def __del__(self) -> None:  # as TileArray's (see interrupts)
         try:
             if not self.counted:
                 stats.tiles_added(len(self.handles))  # release counts them out
             self.rt.release(self.handles)
         except KeyboardInterrupt:
-            _interrupt_later()
+            interrupt_later()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
 
-_FINALIZERS = (TileArray.__del__.__code__, Held.__del__.__code__)  # the finalizers that release tiles
+in_finalizer(TileArray.__del__.__code__, Held.__del__.__code__)
+install()
 
 
 class Lowering:
