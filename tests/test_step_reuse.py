@@ -209,25 +209,63 @@ def test_reuse_can_be_switched_off():
     assert r.stdout.split() == ["0"]
 
 
-def test_reused_steps_with_the_same_kernels_skip_preparing(steps, monkeypatch):
+def test_reused_steps_rebind_new_scalars_instead_of_preparing(steps, monkeypatch):
     """A reused compile whose kernels equal its template's last ones is sent to StarPU
-    as the batch prepared then (on its own tiles); one whose scalars changed is prepared."""
+    as the batch prepared then (on its own tiles). One whose scalars changed gets them
+    written into that batch (``Runtime.rebind``), which then equals a batch prepared
+    anew; one whose new scalar makes another C program (``x ** 2`` is ``x * x``) is
+    prepared anew. Values are CPU's throughout."""
     rt = SESSION_STATE.rt
-    prepared = []
-    real = rt.prepare
-    monkeypatch.setattr(rt, "prepare", lambda tasks, *a: prepared.append(len(tasks)) or real(tasks, *a))
+    prepared, rebound = [], []
+    real_prepare, real_rebind = rt.prepare, rt.rebind
+    monkeypatch.setattr(rt, "prepare", lambda tasks, *a: prepared.append(len(tasks)) or real_prepare(tasks, *a))
+
+    def rebind(b, tasks, changed):
+        ok = real_rebind(b, tasks, changed)
+        if ok:
+            fresh = real_prepare(tasks)
+            assert (list(b.ew), list(b.ewc), b.closures) == (list(fresh.ew), list(fresh.ewc), fresh.closures)
+            rebound.append(len(tasks))
+        return ok
+
+    monkeypatch.setattr(rt, "rebind", rebind)
     torch.manual_seed(13)
     x = torch.randn(6, 5)
     xd = x.to("nntile")
+    torch_nntile.set_axis_group_name(xd, {0: "rebind_rows"})
+    torch_nntile.set_axis_group_tiling("rebind_rows", [4, 2])
     per_step = []
-    for i in range(8):
-        scale = 2.0 if i < 6 else 3.0 + i  # the same kernels for six steps, then new scalars
-        got = torch.sigmoid(xd @ xd.T) * scale
-        assert_close(got.cpu(), torch.sigmoid(x @ x.T) * scale)
-        per_step.append(sum(1 for n in prepared if n > 1))  # the readout's one task is prepared apart
+    for e in [2.5] * 6 + [3.5, 4.5, 2, 2]:
+        got = torch.sigmoid(xd @ xd.T) ** e
+        assert_close(got.cpu(), torch.sigmoid(x @ x.T) ** e)
+        per_step.append((sum(1 for n in prepared if n > 1), len(rebound)))  # the readout's task is prepared apart
         prepared.clear()
-    assert per_step[4:6] == [0, 0], per_step  # bound again with equal kernels: the last batch
-    assert per_step[6:] == [1, 1], per_step  # new scalars: prepared
+        rebound.clear()
+    assert per_step[4:6] == [(0, 0), (0, 0)], per_step  # bound again with equal kernels: the last batch
+    assert per_step[6:8] == [(0, 1), (0, 1)], per_step  # new exponents: rebound
+    assert per_step[8:] == [(1, 0), (0, 0)], per_step  # another program: prepared, then bound again
+
+
+def test_rebound_python_tasks_run_their_new_scalars(steps, monkeypatch):
+    """Tasks that run as Python (int64 here: the C programs are float32) are rebound to
+    the new kernel too: each step computes with its own scalar."""
+    rt = SESSION_STATE.rt
+    rebound = []
+    real_rebind = rt.rebind
+
+    def rebind(b, tasks, changed):
+        changed = list(changed)
+        ok = real_rebind(b, tasks, changed)
+        if ok:
+            rebound.append(sum(1 for j in changed if j in b.py_at))
+        return ok
+
+    monkeypatch.setattr(rt, "rebind", rebind)
+    xi = torch.arange(12).reshape(3, 4)
+    xd = xi.to("nntile")
+    for k in [3, 3, 3, 3, 4, 7]:
+        assert torch.equal(((xd + 1) * k).cpu(), (xi + 1) * k)
+    assert rebound[-2:] and all(rebound[-2:]), rebound  # the last two steps: Python tasks rebound
 
 
 def test_zero_size_and_0_dim_values_in_reused_steps(steps):

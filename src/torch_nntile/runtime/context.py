@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -155,13 +155,17 @@ class Done(Latch):
 class Batch:
     """Tasks as StarPU is sent them, less their handles (``Runtime.prepare``)."""
 
-    __slots__ = ("n", "_tasks", "nbufs", "modes", "ngemm", "gemm", "coef", "n_ew", "ew", "ewc", "closures")
+    __slots__ = ("n", "_tasks", "nbufs", "modes", "ngemm", "gemm", "coef", "n_ew", "ew", "ewc", "closures", "ew_at",
+                 "py_at")
 
     def __init__(self, tasks: list[Any], nbufs: Any, modes: Any, ngemm: int, gemm: Any, coef: Any, n_ew: int,
-                 ew: Any, ewc: Any, closures: list[tuple[int, Callable[..., None], list[TileSpec], str]]) -> None:
+                 ew: Any, ewc: Any, closures: list[tuple[int, Callable[..., None], list[TileSpec], str]],
+                 ew_at: dict[int, tuple[int, int]]) -> None:
         self.n, self._tasks = len(tasks), tasks
         self.nbufs, self.modes, self.ngemm, self.gemm, self.coef = nbufs, modes, ngemm, gemm, coef
         self.n_ew, self.ew, self.ewc, self.closures = n_ew, ew, ewc, closures
+        self.ew_at = ew_at  # task -> where its C program's record and constants are in ``ew`` and ``ewc``
+        self.py_at = {c[0]: j for j, c in enumerate(closures)}  # task -> its entry in ``closures``
 
     def tasks(self, handles: list[Any]) -> list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]]:
         """The tasks again, on ``handles`` (for naming failures: the rare path)."""
@@ -440,6 +444,7 @@ class Runtime:
         native_ew = self.native_ew and not _SKIP_KERNELS
         n_ew = 0
         closures: list[tuple[int, Callable[..., None], list[TileSpec], str]] = []
+        ew_at: dict[int, tuple[int, int]] = {}
         last = len(tasks) - 1
         for i, (fn, handles, modes, specs, name) in enumerate(tasks):
             nbufs.append(len(handles))
@@ -470,6 +475,7 @@ class Runtime:
                         nid = names[name] = len(names)
                     if nid is not None:
                         ints, consts = rec
+                        ew_at[i] = (len(ew), len(ewc))
                         ew += (i, nid, len(ints), len(consts))
                         ew += ints
                         ewc += consts
@@ -478,7 +484,35 @@ class Runtime:
             closures.append((i, fn, specs, name))
         ffi = self.ffi
         return Batch(tasks, ffi.new("int[]", nbufs), ffi.new("int[]", ms), len(gemm) // 10, ffi.new("int[]", gemm),
-                     ffi.new("double[]", coef), n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), closures)
+                     ffi.new("double[]", coef), n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), closures, ew_at)
+
+    def rebind(self, b: Batch, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
+               changed: Iterable[int]) -> bool:
+        """Give the prepared ``b`` the kernels of ``tasks`` at the indices ``changed``, in
+        place; False (``b`` then half changed: prepare anew) where that changes more than
+        a C program's constants or a Python task's callable (another program, a task
+        that would now run elsewhere). The optimizer's per-step scalars take this path."""
+        native_ew = self.native_ew and not _SKIP_KERNELS
+        ew, ewc, py_at = b.ew, b.ewc, b.py_at
+        for i in changed:
+            fn, _handles, _modes, specs, name = tasks[i]
+            kind = type(fn)
+            at = b.ew_at.get(i)
+            if at is not None:
+                rec = ew_record(fn, specs) if kind is Kernel else None
+                if rec is None:
+                    return False
+                ints, consts = rec
+                o, c = at
+                if ew[o + 2] != len(ints) or ew[o + 3] != len(consts) or list(ew[o + 4:o + 4 + len(ints)]) != list(ints):
+                    return False
+                ewc[c:c + len(consts)] = consts
+                continue
+            j = py_at.get(i)
+            if j is None or kind is not Kernel or native_ew and ew_record(fn, specs) is not None:
+                return False  # a product's (its coefficients), or one that would run in C now
+            b.closures[j] = (i, fn, specs, name)
+        return True
 
     def submit_batch(self, b: Batch, handles: list[Any], notify: Done | None = None) -> None:
         """Submit a prepared batch on ``handles`` (every task's, in order); as ``submit``."""

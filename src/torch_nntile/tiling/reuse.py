@@ -239,7 +239,7 @@ def _has_scalar(x: Any) -> bool:
 class Template:
     """A lowered compile with its tiles as slots and its kernels as recipes."""
 
-    __slots__ = ("kernels", "tasks", "fresh", "arrays", "temps", "retiles", "nslots", "batch")
+    __slots__ = ("kernels", "tasks", "fresh", "arrays", "temps", "retiles", "nslots", "batch", "users")
 
     kernels: tuple[Any, ...]  # recipes
     tasks: tuple[tuple[int, tuple[int, ...], list[int], list[Any], str], ...]  # kernel, slots, modes, specs, name
@@ -249,6 +249,14 @@ class Template:
     retiles: tuple[tuple[str, tuple[int, int], int], ...]  # re-tilings counted: op, (op, output) re-tiled, dim
     nslots: int
     batch: tuple[Any, list[Any]] | None  # what StarPU was last sent for these tasks (Runtime.prepare), and its kernels
+    users: list[list[int]] | None  # per kernel, the tasks that run it (made when first needed)
+
+    def tasks_of(self, k: int) -> list[int]:
+        if self.users is None:
+            self.users = [[] for _ in self.kernels]
+            for i, task in enumerate(self.tasks):
+                self.users[task[0]].append(i)
+        return self.users[k]
 
     def signature(self) -> tuple[Any, ...]:
         return self.kernels, self.tasks, self.fresh, self.arrays, self.temps, self.retiles, self.nslots
@@ -347,7 +355,7 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure) -> Template:
     except KeyError:
         raise Uncacheable("a re-tiled value of no op") from None
     t.nslots = len(slot_of)
-    t.batch = None
+    t.batch = t.users = None
     return t
 
 
@@ -398,8 +406,9 @@ def _node(at: tuple[int, int], ops: list[OpNode], st: Structure) -> Any:
 
 class Bound:
     """A template's tasks bound to one compile's tiles and kernels: submitted with the
-    batch prepared for the template's last binding when the kernels are equal (the
-    same C programs and Python callbacks), else prepared anew (``Runtime.prepare``)."""
+    batch prepared for the template's last binding, its tasks whose kernels changed
+    given the new ones (``Runtime.rebind``: new constants of the same C programs, new
+    Python callables), else prepared anew (``Runtime.prepare``)."""
 
     __slots__ = ("template", "kernels")
 
@@ -412,7 +421,14 @@ class Bound:
             return
         t = self.template
         last = t.batch
-        if last is None or not all(a is b or a == b for a, b in zip(self.kernels, last[1])):
+        if last is not None:
+            changed = [k for k, (a, b) in enumerate(zip(self.kernels, last[1])) if a is not b and a != b]
+            if changed:
+                if rt.rebind(last[0], tasks, (i for k in changed for i in t.tasks_of(k))):
+                    t.batch = last = (last[0], self.kernels)
+                else:
+                    last = None
+        if last is None:
             last = t.batch = (rt.prepare(tasks), self.kernels)
         rt.submit_batch(last[0], [h for task in tasks for h in task[1]])
 
