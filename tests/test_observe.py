@@ -599,6 +599,26 @@ def test_trace_records_every_task_once(tmp_path):
     assert min(e["ts"] for e in tasks + phases) == 0
 
 
+def test_readout_runs_before_work_queued_ahead_of_it(tmp_path):
+    """A read-back of a value that is ready is not queued behind the products submitted
+    before it (its task has the highest priority): it starts before most of them."""
+    a = torch.randn(256, 256).to("nntile")
+    small = torch.randn(4)
+    s = small.to("nntile") * 3
+    torch_nntile.execute()
+    torch_nntile.wait()
+    path = tmp_path / "t.json"
+    with torch_nntile.trace(path):
+        ys = [a @ a for _ in range(40)]
+        torch_nntile.execute()
+        assert_close(s.cpu(), small * 3)
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "task"]
+    (readout,) = [e["ts"] for e in events if e["name"] == "readout"]
+    products = [e["ts"] for e in events if e["name"] == "mm"]
+    assert len(products) == 40 and len(ys) == 40
+    assert sum(t > readout for t in products) >= 20, (readout, sorted(products))
+
+
 def test_native_product_tasks_are_counted_and_traced(tmp_path):
     """Product tiles run in C (no Python callback) still show up in metrics, in the
     progress count and in traces, once each, with matching durations."""

@@ -41,7 +41,7 @@ void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute);
 size_t tnt_pack_size(int m, int n, int k);
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
-                     int trace, uint32_t where, int *out);
+                     int trace, uint32_t where, int urgent_last, int *out);
 int64_t tnt_gemm_done(void);
 void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
 int64_t tnt_gemm_event_count(void);
@@ -322,12 +322,14 @@ static int tnt_set_buffers(struct starpu_task *task, int n, tnt_handle *handles,
     return 0;
 }
 
-static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where)
+static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where, int urgent)
 {
     struct starpu_task *task = starpu_task_create();
     task->cl = &tnt_cl;
     task->cl_arg = (void *)(intptr_t)key;
     task->where = where;
+    if (urgent)
+        task->priority = STARPU_MAX_PRIO;
     return tnt_set_buffers(task, n, handles, modes) ? -ENOMEM : starpu_task_submit(task);
 }
 
@@ -598,10 +600,12 @@ static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int 
    consecutive in ewc; the others run the Python kernel of their key.
    Returns how many tasks went in; out[0] counts them as they go (so the caller knows
    even if it is interrupted right after this returns), out[1] is StarPU's error for
-   the first that did not. */
+   the first that did not. With urgent_last the last task (a readout, which the host
+   waits for) gets the highest priority: it runs as soon as its tiles are ready, not
+   after the tasks queued before it. */
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
-                     int trace, uint32_t where, int *out)
+                     int trace, uint32_t where, int urgent_last, int *out)
 {
     out[0] = 0;
     int off = 0, g = 0, e = 0;
@@ -617,7 +621,7 @@ int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *
             ew += 4 + ew[2];
             e++;
         } else {
-            r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where);
+            r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where, urgent_last && i == n - 1);
         }
         if (r != 0) {
             out[1] = r;

@@ -530,7 +530,7 @@ class Runtime:
         # The batch goes to StarPU in one C call that does not hold the GIL, so the
         # workers keep running (and Python kernels keep their turns) while it goes in.
         args = (n, key0, b.nbufs, ffi.new("tnt_handle[]", handles), b.modes, b.ngemm, b.gemm, b.coef, b.n_ew, b.ew,
-                b.ewc, int(stats.TRACE is not None), self.where, out)
+                b.ewc, int(stats.TRACE is not None), self.where, int(notify is not None), out)
         try:
             with self._lock:
                 try:
