@@ -8,6 +8,7 @@ work still in flight is dropped: nothing can read it any more.
 from __future__ import annotations
 
 import atexit
+import gc
 import itertools
 import os
 import sys
@@ -33,6 +34,32 @@ FLUSH_OPS = 256
 workers run the start of a long program (a forward pass) while Python records the
 rest, instead of waiting for the first read-back. Small graphs are not split, so
 they keep whole-graph pruning and fusion."""
+
+
+class _GcPaused:
+    """``with GC_PAUSED:`` Python's cyclic collector does not run inside (re-entrant; it
+    is left as found). A compile builds and drops large young containers (task lists,
+    the reuse key's tables): a collection started inside traverses them all, about a
+    millisecond each time, and they are freed by reference counting anyway."""
+
+    __slots__ = ("depth", "was_enabled")
+
+    def __init__(self) -> None:
+        self.depth, self.was_enabled = 0, False
+
+    def __enter__(self) -> None:
+        if self.depth == 0:
+            self.was_enabled = gc.isenabled()
+            gc.disable()
+        self.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.was_enabled:
+            gc.enable()
+
+
+GC_PAUSED = _GcPaused()
 
 
 class Session:
@@ -102,7 +129,7 @@ class Session:
             self.run()
 
     def _compile(self) -> None:
-        with self.lock, SHIELD:  # Ctrl-C waits for the end: stopped half-way, ops were lost
+        with self.lock, SHIELD, GC_PAUSED:  # Ctrl-C waits for the end: stopped half-way, ops were lost
             rt = self.runtime()
             t0 = stats.enter()
             try:
@@ -136,7 +163,7 @@ class Session:
         ``progress`` (a callback ``(done, total)``, or True for a bar on stderr) is
         reported by the next ``wait()``.
         """
-        with self.lock, SHIELD:  # Ctrl-C waits for the end: stopped half-way, tasks were lost
+        with self.lock, SHIELD, GC_PAUSED:  # Ctrl-C waits for the end: stopped half-way, tasks were lost
             if progress is not None:
                 self.progress = _hook(progress)
             ctx = self.compiled

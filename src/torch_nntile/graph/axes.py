@@ -149,7 +149,10 @@ def tiling_of(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None = 
     set for any of them; two different tilings are an error naming both.
     """
     if not _TILINGS:
-        return (root.extent,)
+        sizes = (root.extent,)
+        if cache is not None:
+            cache[root] = sizes
+        return sizes
     if cache is not None:
         done = cache.get(root)
         if done is not None:
