@@ -32,6 +32,9 @@ nntile the tiled flash op (the ``[seq, seq]`` scores never exist whole), on CPU 
 flash kernel; with ``--seq`` (the preset's sequence by default) it shows how each
 side's peak memory grows with the sequence. The floor still counts all ``s*s`` scores.
 
+``--fused``: ``AdamW(fused=True)`` on both sides (on nntile one update op a parameter,
+``_fused_adamw_``, instead of about nine per-parameter ops inside the foreach calls).
+
 ``--capture``: the nntile step is ``torch_nntile.capture(fn)`` (recorded in the warm-up
 steps, replayed in the timed ones) and its AdamW is ``capturable=True`` (the step count
 and bias corrections as tensors, so a replay repeats them); CPU eager keeps the default
@@ -118,14 +121,14 @@ def tile(model: torch.nn.Module, ids: torch.Tensor, tilings: dict[str, Tiling]) 
             torch_nntile.set_axis_group_tiling(name, t)
 
 
-def make_side(device: str, p: Preset, tilings: dict[str, Tiling], capture: bool = False):
+def make_side(device: str, p: Preset, tilings: dict[str, Tiling], capture: bool = False, fused: bool = False):
     """One side's training step as a callable returning the loss, the same weights and data on both."""
     model = gpt2(p).to(device)
     ids = torch.randint(0, p.vocab, (p.batch, p.seq), generator=torch.Generator().manual_seed(1)).to(device)
     captured = capture and device == "nntile"
     if device == "nntile":
         tile(model, ids, tilings)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=captured)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=captured, fused=fused or None)
 
     def train(ids: torch.Tensor) -> torch.Tensor:
         loss = model(input_ids=ids, labels=ids).loss
@@ -156,6 +159,7 @@ def main() -> None:
         ap.add_argument(f"--tile-{group}", help=f"tile size(s) of the {group} axis group (extent {extent}), or none")
     ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
     ap.add_argument("--capture", action="store_true", help="replay the nntile step with torch_nntile.capture")
+    ap.add_argument("--fused", action="store_true", help="AdamW(fused=True) on both sides")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="HF attention implementation")
     ap.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
     add_common_args(ap)
@@ -172,11 +176,12 @@ def main() -> None:
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=args.cpu_fallback, scheduler=args.scheduler)
     rate = mm_rate(args.mm_size) if args.rss_side is None else 0.0  # eager's threads, before the timed steps
     if args.rss_side is not None:
-        rss_side(make_side(args.rss_side, preset, tilings, args.capture), args.warmup, args.rss_steps, args.rss_side == "nntile")
+        rss_side(make_side(args.rss_side, preset, tilings, args.capture, args.fused), args.warmup, args.rss_steps,
+                 args.rss_side == "nntile")
         torch_nntile.shutdown_context()
         return
-    cpu_step = make_side("cpu", preset, tilings)
-    dev_step = make_side("nntile", preset, tilings, args.capture)
+    cpu_step = make_side("cpu", preset, tilings, fused=args.fused)
+    dev_step = make_side("nntile", preset, tilings, args.capture, args.fused)
     for _ in range(args.warmup):
         want, got = cpu_step(), dev_step()
     torch_nntile.wait()
@@ -187,7 +192,8 @@ def main() -> None:
     nsteps = len(cpu_t) * args.block
     tiled = ", ".join(f"{k} {v}" for k, v in tilings.items() if v is not None) or "untiled"
     print(f"GPT-2 {args.size}: {preset.n_layer} layers, n_embd {preset.n_embd}, {preset.n_head} heads, "
-          f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW, {preset.attn} attention")
+          f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW{' (fused)' if args.fused else ''}, "
+          f"{preset.attn} attention")
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
     captured = "; captured" if args.capture else ""

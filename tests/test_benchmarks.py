@@ -91,6 +91,13 @@ def test_gpt2_step_prints_figures():
 
 
 @pytest.mark.slow
+def test_gpt2_step_fused_adamw_prints_figures():
+    out = _run("gpt2_step.py", "--steps", "10", "--block", "5", "--warmup", "1", "--fused")
+    _check_figures(out)
+    assert "AdamW (fused)" in out and "fallback" not in out
+
+
+@pytest.mark.slow
 def test_gpt2_step_sdpa_attention_prints_figures():
     out = _run("gpt2_step.py", "--steps", "10", "--block", "5", "--warmup", "1", "--attn", "sdpa", "--seq", "48")
     _check_figures(out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_nntile.backend.aten import check_live, define
+from torch_nntile.backend.aten import check_live, define, register
 from torch_nntile.backend.device import read, write
 from torch_nntile.graph.nodes import DataNode
 from torch_nntile.ops import optim
@@ -76,21 +76,75 @@ def _adamw_cpu(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, e
                        param, exp_avg, exp_avg_sq, max_exp_avg_sq, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
 
 
-def _adamw_nntile(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                  max_exp_avg_sq: torch.Tensor | None, lr: float, beta1: float, beta2: float, eps: float,
-                  weight_decay: float, maximize: bool, step_size: float, bias_correction2_sqrt: float,
-                  step: torch.Tensor | None = None) -> None:
-    check_live()
-    p, g, m, v, vmax = _operands(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
+def _adamw_operands(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                    max_exp_avg_sq: torch.Tensor | None, step: torch.Tensor | None) -> list[DataNode | None]:
+    """The nodes of one AdamW update's operands, step count last (NotNative if any cannot be)."""
+    nodes = _operands(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
     s = None
     if step is not None:
         s = read(step)
         if s.shape != () or not s.dtype.is_floating_point:
             raise NotNative(f"a step count of shape {list(s.shape)} and dtype {s.dtype}")
+    return [*nodes, s]
+
+
+def _adamw_record(tensors: tuple[torch.Tensor | None, ...], nodes: list[DataNode | None], lr: float, beta1: float,
+                  beta2: float, eps: float, weight_decay: float, maximize: bool, step_size: float,
+                  bias_correction2_sqrt: float) -> None:
+    p, g, m, v, vmax, s = nodes
     outs = optim.adamw_step(p, g, m, v, vmax, lr, beta1, beta2, eps, weight_decay, maximize, step_size,
                             bias_correction2_sqrt, s)
-    for t, node in zip((param, exp_avg, exp_avg_sq, max_exp_avg_sq), outs):
+    for t, node in zip((tensors[0], tensors[2], tensors[3], tensors[4]), outs):
         write(t, node)
 
 
+def _adamw_nntile(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                  max_exp_avg_sq: torch.Tensor | None, lr: float, beta1: float, beta2: float, eps: float,
+                  weight_decay: float, maximize: bool, step_size: float, bias_correction2_sqrt: float,
+                  step: torch.Tensor | None = None) -> None:
+    check_live()
+    tensors = (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
+    _adamw_record(tensors, _adamw_operands(*tensors, step), lr, beta1, beta2, eps, weight_decay, maximize,
+                  step_size, bias_correction2_sqrt)
+
+
 adamw_step = define(ADAMW_SCHEMA, _adamw_cpu, _adamw_nntile)
+
+
+# -- torch.optim's fused Adam / AdamW (``fused=True``): one update op per parameter --------
+
+
+def _fused(decoupled: bool):
+    """``_fused_adamw_`` (``decoupled``) / ``_fused_adam_``: per parameter one AdamW update
+    whose bias corrections come from its step count (a 0-dim tensor on nntile, counted
+    up by the optimizer just before); Adam's weight decay is added to the gradient
+    first. Every element is checked before any is recorded, so one the update cannot
+    take sends the whole call to the CPU fallback, not half of it."""
+    def f(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+          exp_avg_sqs: list[torch.Tensor], max_exp_avg_sqs: list[torch.Tensor], state_steps: list[torch.Tensor], *,
+          lr: float, beta1: float, beta2: float, weight_decay: float, eps: float, amsgrad: bool, maximize: bool,
+          grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+        check_live()
+        if grad_scale is not None or found_inf is not None:
+            raise NotNative("grad_scale / found_inf (gradient scaling)")
+        n = len(params)
+        lists = (grads, exp_avgs, exp_avg_sqs, state_steps) + ((max_exp_avg_sqs,) if amsgrad else ())
+        if any(len(x) != n for x in lists):
+            raise RuntimeError(f"Tensor lists must have the same number of tensors, got {n} and "
+                               f"{next(len(x) for x in lists if len(x) != n)}")
+        rows = []
+        for i in range(n):
+            tensors = (params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], max_exp_avg_sqs[i] if amsgrad else None)
+            rows.append((tensors, _adamw_operands(*tensors, state_steps[i])))
+        l2 = not decoupled and weight_decay != 0
+        for tensors, nodes in rows:
+            if l2:  # Adam's weight decay: added to the (maximized) gradient, as torch.optim.Adam does
+                g = torch.add(-tensors[1] if maximize else tensors[1], tensors[0], alpha=weight_decay)
+                nodes[1] = read(g)
+            _adamw_record(tensors, nodes, lr, beta1, beta2, eps, 0.0 if l2 else weight_decay, maximize and not l2,
+                          0.0, 0.0)
+    return f
+
+
+register("_fused_adamw_", _fused(True))
+register("_fused_adam_", _fused(False))
