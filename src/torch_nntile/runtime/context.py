@@ -385,6 +385,10 @@ class Runtime:
             self._unnamed.pop(h, None)
         for handles in [*stale, dead]:
             self._unregister(handles)
+        t = time.monotonic()
+        if t - self._trimmed >= TRIM_S:  # while the workers never go idle (a training loop
+            self._trimmed = t  # without waits) the pauser does not trim: the heap would grow
+            self.lib.tnt_trim()
 
     def _unregister(self, handles: list[Any]) -> None:
         """Unregister handles after their submitted tasks; a task frees their memory."""
