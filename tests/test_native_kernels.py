@@ -386,3 +386,34 @@ def test_fills_of_zeros_of_either_sign_keep_their_sign():
     for value in (0.0, -0.0, 0.0, -0.0):
         got = torch.full((4,), value, device="nntile").cpu()
         assert torch.equal(torch.signbit(got), torch.signbit(torch.full((4,), value)))
+
+
+def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch):
+    """The C side counts tasks under at most 128 names; once as many names are in use,
+    tasks of new names still run in C (counted together as ``OTHER_C_TASKS``), not as
+    Python callbacks."""
+    from torch_nntile.runtime import context
+
+    rt = SESSION_STATE.runtime()
+    torch_nntile.wait()
+    torch_nntile.metrics()  # the counts so far are folded in under the real names
+    full = {f"earlier_{k}": k for k in range(context._GEMM_NAMES - 1)}
+    monkeypatch.setattr(rt, "_gemm_names", full)
+    closures = []
+    real = rt.prepare
+
+    def prepare(tasks, *a):
+        b = real(tasks, *a)
+        closures.extend(c[3] for c in b.closures)
+        return b
+
+    monkeypatch.setattr(rt, "prepare", prepare)
+    torch_nntile.reset_info()
+    x = torch.randn(6, 5)
+    got = torch.tanh(_dev(x, [4, 2]) * 2 + 1).cpu()
+    assert_close(got, torch.tanh(x * 2 + 1))
+    torch_nntile.wait()
+    kernels = torch_nntile.metrics()["kernels"]
+    assert kernels[context.OTHER_C_TASKS]["tasks"] == 2, kernels  # the fused chain's two tiles, in C
+    assert set(closures) == {"ingress", "readout"}, closures  # only these run as Python
+    assert len(full) == context._GEMM_NAMES - 1

@@ -602,7 +602,7 @@ def test_trace_records_every_task_once(tmp_path):
 def test_readout_runs_before_work_queued_ahead_of_it(tmp_path):
     """A read-back of a value that is ready is not queued behind the products submitted
     before it (its task has the highest priority): it starts before most of them."""
-    a = torch.randn(256, 256).to("nntile")
+    a = torch.randn(512, 512).to("nntile")  # products of a few ms: most are still queued at the read-back
     small = torch.randn(4)
     s = small.to("nntile") * 3
     torch_nntile.execute()

@@ -437,7 +437,7 @@ class Runtime:
         and with what arguments, which call back into Python. A replayed step
         (``capture``) prepares its tasks once and submits them with new handles."""
         native = self.native_gemm and not _SKIP_KERNELS
-        names, dtypes = self._gemm_names, self._gemm_dtypes
+        name_id, dtypes = self._name_id, self._gemm_dtypes
         f32 = torch.float32
         nbufs: list[int] = []
         ms: list[int] = []
@@ -456,14 +456,12 @@ class Runtime:
             kind = type(fn)
             if native and (kind is Gemm or kind is PackB) and (i != last or not notify_last):
                 dt = specs[0][1]
-                nid = names.get(name)
-                if nid is None and len(names) < _GEMM_NAMES:
-                    nid = names[name] = len(names)
-                if nid is not None and kind is PackB:  # planned by the lowering only when natively run
+                nid = name_id(name)
+                if kind is PackB:  # planned by the lowering only when natively run
                     gemm += (i, 2, 0, fn.tb, fn.m, fn.n, fn.k, 0, nid, 1)
                     coef += (fn.alpha, 0.0)
                     continue
-                if nid is not None and dt in dtypes and (dt is f32 or not fn.packed_b):
+                if dt in dtypes and (dt is f32 or not fn.packed_b):
                     oshape, xs = specs[0][2], specs[1][2]
                     batch = oshape[0] if len(oshape) == 3 else 1
                     m, nn = oshape[-2:]
@@ -474,21 +472,32 @@ class Runtime:
             elif native_ew and kind is Kernel and (i != last or not notify_last):
                 rec = ew_record(fn, specs)
                 if rec is not None:
-                    nid = names.get(name)
-                    if nid is None and len(names) < _GEMM_NAMES:
-                        nid = names[name] = len(names)
-                    if nid is not None:
-                        ints, consts = rec
-                        ew_at[i] = (len(ew), len(ewc))
-                        ew += (i, nid, len(ints), len(consts))
-                        ew += ints
-                        ewc += consts
-                        n_ew += 1
-                        continue
+                    ints, consts = rec
+                    ew_at[i] = (len(ew), len(ewc))
+                    ew += (i, name_id(name), len(ints), len(consts))
+                    ew += ints
+                    ewc += consts
+                    n_ew += 1
+                    continue
             closures.append((i, fn, specs, name))
         ffi = self.ffi
         return Batch(tasks, ffi.new("int[]", nbufs), ffi.new("int[]", ms), len(gemm) // 10, ffi.new("int[]", gemm),
                      ffi.new("double[]", coef), n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), closures, ew_at)
+
+    def _name_id(self, name: str) -> int:
+        """The id a C-run task's name is counted under; past the first _GEMM_NAMES - 1
+        names, all share the last (a long-running process meets many fused chains)."""
+        names = self._gemm_names
+        nid = names.get(name)
+        if nid is None:
+            if len(names) >= _GEMM_NAMES - 1:
+                return _GEMM_NAMES - 1
+            nid = names[name] = len(names)
+        return nid
+
+    def _name_ids(self) -> list[tuple[str, int]]:
+        """Every (name, id) C-run tasks are counted under, the shared one last."""
+        return [*self._gemm_names.items(), (OTHER_C_TASKS, _GEMM_NAMES - 1)]
 
     def rebind(self, b: Batch, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
                changed: Iterable[int]) -> bool:
@@ -653,7 +662,7 @@ class Runtime:
         """Fold the counts, kernel seconds and trace events of C-run tasks into stats."""
         ffi, lib = self.ffi, self.lib
         calls, secs = ffi.new("int64_t *"), ffi.new("double *")
-        for name, nid in self._gemm_names.items():
+        for name, nid in self._name_ids():
             for w, per in enumerate(stats.KERNELS):
                 lib.tnt_gemm_take_stats(w, nid, calls, secs)
                 if calls[0]:
@@ -668,7 +677,7 @@ class Runtime:
             n = lib.tnt_gemm_take_events(*bufs, cap)
             trace = stats.TRACE
             if trace is not None:
-                ids = {nid: name for name, nid in self._gemm_names.items()}
+                ids = {nid: name for name, nid in self._name_ids()}
                 trace.extend((keys[i], ids[nids[i]], workers[i], t0[i], t1[i]) for i in range(n))
 
     def wait(self, progress: Callable[[int, int], None] | None = None) -> None:
@@ -796,8 +805,8 @@ def _bind_callback(ffi: Any) -> None:
     def _tnt_input_error(nid: int, code: int, value: int) -> int:
         """A C kernel found a bad value in its inputs (rare: the GIL is taken only then)."""
         rt = _CURRENT
-        names = rt._gemm_names if rt is not None else {}
-        name = next((n for n, i in names.items() if i == nid), "(C kernel)")
+        names = rt._name_ids() if rt is not None else []
+        name = next((n for n, i in names if i == nid), "(C kernel)")
         return _new_failure(Failure(name, native_input_error(code, value)))
 
     @ffi.def_extern(onerror=_internal_error)
@@ -854,7 +863,8 @@ def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:
     return t
 
 
-_GEMM_NAMES = 128  # TNT_NAMES in the shim: names of C-run tasks counted apart
+_GEMM_NAMES = 128  # TNT_NAMES in the shim: names of C-run tasks counted apart (the last id shared)
+OTHER_C_TASKS = "(other C-run tasks)"  # the name the shared id's tasks are counted under
 
 
 _BLAS_SYMBOLS = ("sgemm_", "dgemm_", "MKL_Set_Num_Threads_Local",
