@@ -133,9 +133,6 @@ class Latch:
             self._set = True  # before the release: a waiter that wakes sees it
             self._lock.release()
 
-    def is_set(self) -> bool:
-        return self._set
-
     def wait(self, timeout: float) -> bool:
         """Whether it is set, after waiting at most ``timeout`` seconds for it."""
         return self._set or self._lock.acquire(timeout=timeout) or self._set
@@ -385,9 +382,13 @@ class Runtime:
             self._unnamed.pop(h, None)
         for handles in [*stale, dead]:
             self._unregister(handles)
-        t = time.monotonic()
-        if t - self._trimmed >= TRIM_S:  # while the workers never go idle (a training loop
-            self._trimmed = t  # without waits) the pauser does not trim: the heap would grow
+        self._trim_due()  # the workers may never go idle (a loop without waits): the pauser would not trim
+
+    def _trim_due(self) -> None:
+        """Return malloc's free pages to the system (see tnt_trim), at most every TRIM_S."""
+        now = time.monotonic()
+        if now - self._trimmed >= TRIM_S:
+            self._trimmed = now
             self.lib.tnt_trim()
 
     def _unregister(self, handles: list[Any]) -> None:
@@ -613,10 +614,7 @@ class Runtime:
                     else:
                         left.append((target, latch))
                 self._waiters = left
-            now = time.monotonic()
-            if now - self._trimmed >= TRIM_S:  # idle now: return malloc's free pages (see tnt_trim)
-                self._trimmed = now
-                self.lib.tnt_trim()
+            self._trim_due()  # idle now
 
     def _wait_drained(self) -> int:
         """Block until every task submitted so far has run; return that submission count.
