@@ -159,3 +159,41 @@ def test_workers_pause_when_work_drains_after_a_readout():
     cores = (time.process_time() - c0) / (time.perf_counter() - t0)
     assert cores < 0.3, f"idle process used {cores:.2f} cores"
     assert_close(later.cpu(), want, rtol=1e-4)
+
+
+def _worker_niceness() -> list[int]:
+    """The niceness of each StarPU CPU worker thread of this process (named ``CPU <n>``)."""
+    import os
+
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            if f.read().startswith("CPU "):
+                out.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+    return out
+
+
+def test_workers_yield_the_cores_to_the_recording_thread():
+    """The CPU workers run at WORKER_NICE, the recording threads at the process's own
+    priority; TORCH_NNTILE_WORKER_NICE=0 leaves the workers at it too (a fresh process:
+    a thread's niceness cannot go back down without privileges)."""
+    import os
+
+    from conftest import run_python
+
+    from torch_nntile.runtime.context import WORKER_NICE
+
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert WORKER_NICE > 0
+    assert _worker_niceness() == [min(own + WORKER_NICE, 19)] * 2
+    code = """
+        import torch, torch_nntile
+        from test_device import _worker_niceness
+        torch_nntile.init_context(ncpu=2)
+        assert ((torch.ones(3).to("nntile") + 1).cpu() == 2).all()
+        print(_worker_niceness())
+    """
+    env = {**os.environ, "TORCH_NNTILE_WORKER_NICE": "0"}
+    done = run_python(code, env=env, cwd=os.path.dirname(__file__))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == f"[{own}, {own}]"

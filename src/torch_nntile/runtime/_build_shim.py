@@ -22,7 +22,7 @@ CDEF = """
 typedef void *tnt_handle;
 extern "Python" int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
 extern "Python" int64_t _tnt_input_error(int name, int code, int64_t value);
-int tnt_init(int ncpu, const char *sched);
+int tnt_init(int ncpu, const char *sched, int nice);
 void tnt_shutdown(void);
 int tnt_ncpu(void);
 int tnt_nworkers(void);
@@ -58,6 +58,7 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "ew.h"
@@ -189,7 +190,15 @@ static unsigned tnt_idle_hook(void *arg)
     return 1;
 }
 
-int tnt_init(int ncpu, const char *sched)
+/* Runs on each CPU worker once at start: lower that thread's scheduling priority by
+   *arg below the process's (Linux's setpriority applies to the calling thread alone). */
+static void tnt_nice_worker(void *arg)
+{
+    int nice = getpriority(PRIO_PROCESS, 0) + *(int *)arg;
+    setpriority(PRIO_PROCESS, 0, nice < 19 ? nice : 19);
+}
+
+int tnt_init(int ncpu, const char *sched, int nice)
 {
     struct starpu_conf conf;
     starpu_conf_init(&conf);
@@ -225,8 +234,11 @@ int tnt_init(int ncpu, const char *sched)
     pthread_sigmask(SIG_BLOCK, &intr, &old);
     int rc = starpu_init(&conf);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc == 0)
+    if (rc == 0) {
         starpu_idle_hook_register(tnt_idle_hook, NULL);
+        if (nice > 0)
+            starpu_execute_on_each_worker(tnt_nice_worker, &nice, STARPU_CPU);
+    }
     return rc;
 }
 
