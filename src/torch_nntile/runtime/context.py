@@ -53,7 +53,9 @@ WORKER_NICE = 5
 overrides; 0 keeps them at the process's priority). The thread that records ops makes
 the workers' work: where a worker and it share a core, the recording should run first.
 At 0, on the 2-core machine a small GPT-2 step's main thread waited 18 ms a step for a
-core held by busy workers (runnable, not running); at 5, about 8 ms."""
+core held by busy workers (runnable, not running); at 5, about 8 ms (10-11 against 7
+when the machine was quiet). 5, not more: against another process on its core, such
+as a data loader's, a worker then still gets about a quarter of it."""
 
 
 class KernelError(RuntimeError):
