@@ -133,6 +133,35 @@ def test_views_fill_and_partial_sums():
     assert_close((xn @ _dev(w)).sum(0).cpu(), (x @ w).sum(0))  # partial sums over dim-0 tiles
 
 
+@pytest.mark.parametrize("shape,perm", [
+    ((8, 64, 4, 32), (0, 2, 1, 3)),  # rows of 32: the heads of an attention, split and merged
+    ((3, 70, 45), (0, 2, 1)),  # the last two dims swapped: 32 x 32 blocks and their ragged edges
+    ((70, 45), (1, 0)),
+    ((5, 3, 200), (1, 0, 2)),  # long rows
+    ((4, 6, 5), (2, 0, 1)),  # a stride-1 source dim that is not next to the output's last
+    ((33, 1, 31), (2, 1, 0)),  # a size-1 dim among them
+])
+@pytest.mark.parametrize("tiles", [None, [13, 20]])
+def test_copies_of_permutations_in_c(shape, perm, tiles):
+    """Permuting copies (the copy-only C programs) give CPU's exact values, under tiles."""
+    torch.manual_seed(4)
+    x = torch.randn(shape)
+    if tiles is not None:
+        tiles = [tiles[0], shape[0] - tiles[0]] if shape[0] > tiles[0] else None
+    got = _dev(x, tiles).permute(perm).contiguous()
+    tasks = [(k, specs) for k, specs, name in _lowered() if name == "permute"]
+    assert tasks and all(native.record(k, specs) is not None for k, specs in tasks)
+    assert torch.equal(got.cpu(), x.permute(perm).contiguous())
+
+
+def test_copies_of_strided_views_in_c():
+    x = torch.randn(9, 70)
+    xn = _dev(x)
+    views = [((5, 40), (70, 1), 3), ((40, 5), (1, 70), 2), ((6, 30), (35, 2), 1), ((4, 3, 5), (1, 140, 5), 0)]
+    for size, stride, offset in views:
+        assert torch.equal(xn.as_strided(size, stride, offset).contiguous().cpu(), x.as_strided(size, stride, offset))
+
+
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True)])
 def test_batched_products_in_c(ta, tb):
     torch.manual_seed(4)

@@ -153,6 +153,122 @@ static int collapse(int nd, int nb, int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM
     return out;
 }
 
+static __thread float temp[TNT_EW_MAXSTEPS][BLOCK];
+static __thread float gathered[TNT_EW_CONST][BLOCK];
+
+/* The steps over n values: operands src (index < TNT_EW_CONST), constants cval, the
+   last step writing out. */
+static void run_steps(const int32_t *steps, int ns, int n, float *out, const float *const *src,
+                      float (*cval)[BLOCK])
+{
+    for (int s = 0; s < ns; s++) {
+        const float *ops[4];
+        for (int k = 0; k < 4; k++) {
+            int r = steps[5 * s + 1 + k];
+            ops[k] = r < 0 ? NULL : r < TNT_EW_CONST ? src[r]
+                   : r < TNT_EW_TEMP ? cval[r - TNT_EW_CONST] : temp[r - TNT_EW_TEMP];
+        }
+        step(steps[5 * s], n, s == ns - 1 ? out : temp[s], ops[0], ops[1], ops[2], ops[3]);
+    }
+}
+
+/* Rows shorter than half a block (a head's 32 values, say): the rows of a block are
+   gathered first, so the steps run once a block instead of once a row. The output is
+   contiguous, so its rows lie one after another. */
+static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM],
+                           const int32_t *offsets, const int32_t *steps, int ns, float (*cval)[BLOCK],
+                           void *const *bufs, int64_t outer)
+{
+    int64_t inner = shape[nd - 1];
+    int64_t rows = BLOCK / inner;
+    int64_t idx[TNT_EW_MAXDIM] = {0};
+    const float *src[TNT_EW_CONST];
+    for (int64_t o0 = 0; o0 < outer; o0 += rows) {
+        int64_t r = outer - o0 < rows ? outer - o0 : rows;
+        float *out = (float *)bufs[0] + o0 * inner;
+        for (int64_t k = 0; k < r; k++) {
+            for (int b = 1; b < nb; b++) {
+                int64_t off = offsets[b];
+                for (int d = 0; d < nd - 1; d++)
+                    off += idx[d] * str[b][d];
+                const float *p = (const float *)bufs[b] + off;
+                float *g = gathered[b] + k * inner;
+                int64_t st = str[b][nd - 1];
+                if (st == 1)
+                    memcpy(g, p, inner * sizeof(float));
+                else
+                    for (int64_t i = 0; i < inner; i++)
+                        g[i] = p[i * st];
+            }
+            for (int d = nd - 2; d >= 0; d--) {  /* next row */
+                if (++idx[d] < shape[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+        src[0] = out;
+        for (int b = 1; b < nb; b++)
+            src[b] = gathered[b];
+        run_steps(steps, ns, (int)(r * inner), out, src, cval);
+    }
+}
+
+/* A program that only copies buffer 1 (a permutation, a strided view) writes the
+   output row by row, straight from the source: memcpy where the source row is
+   contiguous; where the last two dims are swapped (the source's stride 1 is along
+   the output's second-last dim), in 32 x 32 blocks, whose source lines stay in cache
+   while they are read across. */
+static void copy_only(int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM], const int32_t *offsets,
+                      void *const *bufs, int64_t outer)
+{
+    int64_t inner = shape[nd - 1], si = str[1][nd - 1];
+    float *out = (float *)bufs[0];
+    const float *in = (const float *)bufs[1] + offsets[1];
+    int64_t idx[TNT_EW_MAXDIM] = {0};
+    if (si != 1 && nd >= 2 && str[1][nd - 2] == 1) {
+        int64_t a = shape[nd - 2], planes = outer / a;
+        for (int64_t pl = 0; pl < planes; pl++) {
+            int64_t off = 0;
+            for (int d = 0; d < nd - 2; d++)
+                off += idx[d] * str[1][d];
+            const float *p = in + off;
+            float *o = out + pl * a * inner;
+            for (int64_t i0 = 0; i0 < a; i0 += 32) {
+                int64_t i1 = a - i0 < 32 ? a : i0 + 32;
+                for (int64_t j0 = 0; j0 < inner; j0 += 32) {
+                    int64_t j1 = inner - j0 < 32 ? inner : j0 + 32;
+                    for (int64_t i = i0; i < i1; i++)
+                        for (int64_t j = j0; j < j1; j++)
+                            o[i * inner + j] = p[i + j * si];
+                }
+            }
+            for (int d = nd - 3; d >= 0; d--) {  /* next plane */
+                if (++idx[d] < shape[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+        return;
+    }
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t off = 0;
+        for (int d = 0; d < nd - 1; d++)
+            off += idx[d] * str[1][d];
+        const float *p = in + off;
+        float *q = out + o * inner;
+        if (si == 1)
+            memcpy(q, p, inner * sizeof(float));
+        else
+            for (int64_t j = 0; j < inner; j++)
+                q[j] = p[j * si];
+        for (int d = nd - 2; d >= 0; d--) {  /* next row */
+            if (++idx[d] < shape[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+}
+
 void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
 {
     int nb = prog[0], nd = prog[1];
@@ -169,6 +285,10 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
     const int32_t *offsets = prog + 2 + nd + nb * nd, *steps = offsets + nb + 1;
     int ns = steps[-1];
     nd = collapse(nd, nb, shape, str);
+    if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1) {
+        copy_only(nd, shape, str, offsets, bufs, total / shape[nd - 1]);
+        return;
+    }
 
     float cval[TNT_EW_TEMP - TNT_EW_CONST][BLOCK];  /* constants as blocks, made once */
     int nconst_used = 0;
@@ -183,10 +303,11 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
         for (int i = 0; i < BLOCK; i++)
             cval[c][i] = v;
     }
-    static __thread float temp[TNT_EW_MAXSTEPS][BLOCK];
-    static __thread float gathered[TNT_EW_CONST][BLOCK];
-
     int64_t inner = shape[nd - 1], outer = total / inner;
+    if (inner < BLOCK / 2 && outer > 1) {
+        run_short_rows(nb, nd, shape, str, offsets, steps, ns, cval, bufs, outer);
+        return;
+    }
     int64_t idx[TNT_EW_MAXDIM] = {0};
     const float *src[TNT_EW_CONST];
     for (int64_t o = 0; o < outer; o++) {
@@ -212,15 +333,7 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
             }
             float *out = (float *)bufs[0] + off[0] + j0;
             src[0] = out;
-            for (int s = 0; s < ns; s++) {
-                const float *ops[4];
-                for (int k = 0; k < 4; k++) {
-                    int r = steps[5 * s + 1 + k];
-                    ops[k] = r < 0 ? NULL : r < TNT_EW_CONST ? src[r]
-                           : r < TNT_EW_TEMP ? cval[r - TNT_EW_CONST] : temp[r - TNT_EW_TEMP];
-                }
-                step(steps[5 * s], n, s == ns - 1 ? out : temp[s], ops[0], ops[1], ops[2], ops[3]);
-            }
+            run_steps(steps, ns, n, out, src, cval);
         }
         for (int d = nd - 2; d >= 0; d--) {  /* next outer index */
             if (++idx[d] < shape[d])
