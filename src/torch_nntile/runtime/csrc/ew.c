@@ -156,6 +156,34 @@ static int collapse(int nd, int nb, int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM
 static __thread float temp[TNT_EW_MAXSTEPS][BLOCK];
 static __thread float gathered[TNT_EW_CONST][BLOCK];
 
+/* Where buffer b's element at index idx (its first nd dims) lies. */
+static inline int64_t offset_of(int64_t base, const int64_t *idx, const int64_t *stride, int nd)
+{
+    for (int d = 0; d < nd; d++)
+        base += idx[d] * stride[d];
+    return base;
+}
+
+/* The next index over dims 0..nd-1 of shape (the last fastest). */
+static inline void next_index(int64_t *idx, const int64_t *shape, int nd)
+{
+    for (int d = nd - 1; d >= 0; d--) {
+        if (++idx[d] < shape[d])
+            break;
+        idx[d] = 0;
+    }
+}
+
+/* n values, stride apart in p, to q. */
+static inline void copy_row(float *q, const float *p, int64_t n, int64_t stride)
+{
+    if (stride == 1)
+        memcpy(q, p, n * sizeof(float));
+    else
+        for (int64_t i = 0; i < n; i++)
+            q[i] = p[i * stride];
+}
+
 /* The steps over n values: operands src (index < TNT_EW_CONST), constants cval, the
    last step writing out. */
 static void run_steps(const int32_t *steps, int ns, int n, float *out, const float *const *src,
@@ -187,24 +215,10 @@ static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[
         int64_t r = outer - o0 < rows ? outer - o0 : rows;
         float *out = (float *)bufs[0] + o0 * inner;
         for (int64_t k = 0; k < r; k++) {
-            for (int b = 1; b < nb; b++) {
-                int64_t off = offsets[b];
-                for (int d = 0; d < nd - 1; d++)
-                    off += idx[d] * str[b][d];
-                const float *p = (const float *)bufs[b] + off;
-                float *g = gathered[b] + k * inner;
-                int64_t st = str[b][nd - 1];
-                if (st == 1)
-                    memcpy(g, p, inner * sizeof(float));
-                else
-                    for (int64_t i = 0; i < inner; i++)
-                        g[i] = p[i * st];
-            }
-            for (int d = nd - 2; d >= 0; d--) {  /* next row */
-                if (++idx[d] < shape[d])
-                    break;
-                idx[d] = 0;
-            }
+            for (int b = 1; b < nb; b++)
+                copy_row(gathered[b] + k * inner, (const float *)bufs[b] + offset_of(offsets[b], idx, str[b], nd - 1),
+                         inner, str[b][nd - 1]);
+            next_index(idx, shape, nd - 1);
         }
         src[0] = out;
         for (int b = 1; b < nb; b++)
@@ -228,10 +242,7 @@ static void copy_only(int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM
     if (si != 1 && nd >= 2 && str[1][nd - 2] == 1) {
         int64_t a = shape[nd - 2], planes = outer / a;
         for (int64_t pl = 0; pl < planes; pl++) {
-            int64_t off = 0;
-            for (int d = 0; d < nd - 2; d++)
-                off += idx[d] * str[1][d];
-            const float *p = in + off;
+            const float *p = in + offset_of(0, idx, str[1], nd - 2);
             float *o = out + pl * a * inner;
             for (int64_t i0 = 0; i0 < a; i0 += 32) {
                 int64_t i1 = a - i0 < 32 ? a : i0 + 32;
@@ -242,30 +253,13 @@ static void copy_only(int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM
                             o[i * inner + j] = p[i + j * si];
                 }
             }
-            for (int d = nd - 3; d >= 0; d--) {  /* next plane */
-                if (++idx[d] < shape[d])
-                    break;
-                idx[d] = 0;
-            }
+            next_index(idx, shape, nd - 2);
         }
         return;
     }
     for (int64_t o = 0; o < outer; o++) {
-        int64_t off = 0;
-        for (int d = 0; d < nd - 1; d++)
-            off += idx[d] * str[1][d];
-        const float *p = in + off;
-        float *q = out + o * inner;
-        if (si == 1)
-            memcpy(q, p, inner * sizeof(float));
-        else
-            for (int64_t j = 0; j < inner; j++)
-                q[j] = p[j * si];
-        for (int d = nd - 2; d >= 0; d--) {  /* next row */
-            if (++idx[d] < shape[d])
-                break;
-            idx[d] = 0;
-        }
+        copy_row(out + o * inner, in + offset_of(0, idx, str[1], nd - 1), inner, si);
+        next_index(idx, shape, nd - 1);
     }
 }
 
@@ -312,11 +306,8 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
     const float *src[TNT_EW_CONST];
     for (int64_t o = 0; o < outer; o++) {
         int64_t off[TNT_EW_CONST];
-        for (int b = 0; b < nb; b++) {
-            off[b] = offsets[b];
-            for (int d = 0; d < nd - 1; d++)
-                off[b] += idx[d] * str[b][d];
-        }
+        for (int b = 0; b < nb; b++)
+            off[b] = offset_of(offsets[b], idx, str[b], nd - 1);
         for (int64_t j0 = 0; j0 < inner; j0 += BLOCK) {
             int n = (int)(inner - j0 < BLOCK ? inner - j0 : BLOCK);
             for (int b = 1; b < nb; b++) {
@@ -325,20 +316,14 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
                 if (s == 1) {
                     src[b] = p + j0;
                 } else {
-                    float *g = gathered[b];
-                    for (int i = 0; i < n; i++)
-                        g[i] = p[(j0 + i) * s];
-                    src[b] = g;
+                    copy_row(gathered[b], p + j0 * s, n, s);
+                    src[b] = gathered[b];
                 }
             }
             float *out = (float *)bufs[0] + off[0] + j0;
             src[0] = out;
             run_steps(steps, ns, n, out, src, cval);
         }
-        for (int d = nd - 2; d >= 0; d--) {  /* next outer index */
-            if (++idx[d] < shape[d])
-                break;
-            idx[d] = 0;
-        }
+        next_index(idx, shape, nd - 1);
     }
 }
