@@ -227,10 +227,12 @@ static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[
     }
 }
 
+#define TRANSPOSE_BLOCK 32  /* a side of the blocks a swap of the last two dims is copied in */
+
 /* A program that only copies buffer 1 (a permutation, a strided view) writes the
    output row by row, straight from the source: memcpy where the source row is
    contiguous; where the last two dims are swapped (the source's stride 1 is along
-   the output's second-last dim), in 32 x 32 blocks, whose source lines stay in cache
+   the output's second-last dim), in square blocks, whose source lines stay in cache
    while they are read across. */
 static void copy_only(int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM], const int32_t *offsets,
                       void *const *bufs, int64_t outer)
@@ -244,10 +246,10 @@ static void copy_only(int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM
         for (int64_t pl = 0; pl < planes; pl++) {
             const float *p = in + offset_of(0, idx, str[1], nd - 2);
             float *o = out + pl * a * inner;
-            for (int64_t i0 = 0; i0 < a; i0 += 32) {
-                int64_t i1 = a - i0 < 32 ? a : i0 + 32;
-                for (int64_t j0 = 0; j0 < inner; j0 += 32) {
-                    int64_t j1 = inner - j0 < 32 ? inner : j0 + 32;
+            for (int64_t i0 = 0; i0 < a; i0 += TRANSPOSE_BLOCK) {
+                int64_t i1 = a - i0 < TRANSPOSE_BLOCK ? a : i0 + TRANSPOSE_BLOCK;
+                for (int64_t j0 = 0; j0 < inner; j0 += TRANSPOSE_BLOCK) {
+                    int64_t j1 = inner - j0 < TRANSPOSE_BLOCK ? inner : j0 + TRANSPOSE_BLOCK;
                     for (int64_t i = i0; i < i1; i++)
                         for (int64_t j = j0; j < j1; j++)
                             o[i * inner + j] = p[i + j * si];
