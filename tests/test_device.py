@@ -197,3 +197,22 @@ def test_workers_yield_the_cores_to_the_recording_thread():
     done = run_python(code, env=env, cwd=os.path.dirname(__file__))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-2] == f"[{own}, {own}]"
+
+
+def test_a_bad_worker_niceness_is_named():
+    import os
+
+    from conftest import run_python
+
+    code = """
+        import torch_nntile
+        torch_nntile.shutdown_context()
+        try:
+            torch_nntile.init_context(ncpu=2)
+        except ValueError as e:
+            print(e)
+    """
+    for bad in ("high", "-3"):
+        done = run_python(code, env={**os.environ, "TORCH_NNTILE_WORKER_NICE": bad})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"TORCH_NNTILE_WORKER_NICE must be an integer of 0 or more, got {bad!r}"

@@ -58,6 +58,20 @@ when the machine was quiet). 5, not more: against another process on its core, s
 as a data loader's, a worker then still gets about a quarter of it."""
 
 
+def _worker_nice() -> int:
+    """WORKER_NICE, or ``TORCH_NNTILE_WORKER_NICE`` where set (an integer, 0 or more)."""
+    text = os.environ.get("TORCH_NNTILE_WORKER_NICE")
+    if text is None:
+        return WORKER_NICE
+    try:
+        nice = int(text)
+    except ValueError:
+        nice = -1
+    if nice < 0:
+        raise ValueError(f"TORCH_NNTILE_WORKER_NICE must be an integer of 0 or more, got {text!r}")
+    return nice
+
+
 class KernelError(RuntimeError):
     """An exception raised inside a tile kernel, re-raised where a value that needs it is read.
 
@@ -238,8 +252,7 @@ class Runtime:
         self.ffi, self.lib = _shim.ffi, _shim.lib
         _bind_callback(self.ffi)
         _warm_vector_math()
-        nice = int(os.environ.get("TORCH_NNTILE_WORKER_NICE", WORKER_NICE))
-        rc = self.lib.tnt_init(ncpu, (scheduler or "lws").encode(), nice)
+        rc = self.lib.tnt_init(ncpu, (scheduler or "lws").encode(), _worker_nice())
         if rc != 0:
             raise RuntimeError(f"starpu_init failed with code {rc}")
         self.ncpu = int(self.lib.tnt_ncpu())
