@@ -202,10 +202,13 @@ def test_softmax_rows_in_c(log, dim):
 
 @pytest.mark.parametrize("affine", [False, True])
 @pytest.mark.parametrize("tiles", [None, [3, 5]])
-def test_layer_norm_rows_in_c(affine, tiles):
+@pytest.mark.parametrize("width, offset", [(40, 2.0), (13, 2.0), (3, 0.0), (136, 100.0)])
+def test_layer_norm_rows_in_c(affine, tiles, width, offset):
+    """Rows of whole lanes (40), lanes and a tail (13, 136), a tail only (3); a mean far
+    from 0 (the variance is summed about the mean, not from the squares)."""
     torch.manual_seed(6)
-    x = (torch.randn(8, 3, 40) * 4 + 2).requires_grad_()
-    ln = torch.nn.LayerNorm(40, elementwise_affine=affine)
+    x = (torch.randn(8, 3, width) * 4 + offset).requires_grad_()
+    ln = torch.nn.LayerNorm(width, elementwise_affine=affine)
     if affine:
         with torch.no_grad():
             ln.weight.normal_()
@@ -213,7 +216,7 @@ def test_layer_norm_rows_in_c(affine, tiles):
     want = ln(x)
     g = torch.randn_like(want)
     grads = torch.autograd.grad(want, [x, *ln.parameters()], g)
-    lnn = torch.nn.LayerNorm(40, elementwise_affine=affine).to("nntile")
+    lnn = torch.nn.LayerNorm(width, elementwise_affine=affine).to("nntile")
     lnn.load_state_dict(ln.state_dict())
     xn = _dev(x.detach(), tiles).requires_grad_()
     got = lnn(xn)
@@ -221,6 +224,24 @@ def test_layer_norm_rows_in_c(affine, tiles):
     assert_close(got.detach().cpu(), want.detach())
     for a, b in zip(gotg, grads):
         assert_close(a.cpu(), b, rtol=1e-4)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_rows_wider_than_the_lanes(log):
+    """Rows of 37 (four lanes of 8 and a tail): a NaN inside the lanes makes its row NaN,
+    a row of -inf in the lanes and a finite tail keeps its finite values, and a row
+    spanning 400 needs its true max (exp of anything else overflows)."""
+    torch.manual_seed(7)
+    x = torch.randn(6, 37) * 3
+    x[1, 10] = math.nan
+    x[2, :32] = -math.inf
+    x[3, 36] = math.nan
+    x[4] = torch.linspace(200, -200, 37)
+    x[5] = torch.linspace(-200, 200, 37)
+    fn = F.log_softmax if log else F.softmax
+    got = fn(_dev(x), -1).cpu()
+    assert torch.isnan(got[1]).all() and torch.isnan(got[3]).all()
+    _same_bits(got, fn(x, -1))
 
 
 def test_row_kernels_get_c_records():

@@ -9,6 +9,7 @@
    written), so the optimizer kernels take no restrict pointers. */
 #pragma GCC optimize("fp-contract=off")
 #include "nn.h"
+#include "lanes.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -84,17 +85,6 @@ void tnt_nn_adamw(const int32_t *p, const double *consts, void *const *bufs)
     }
 }
 
-/* sum of squares of a row, in double */
-static inline __attribute__((always_inline)) double sumsq(const float *x, int64_t n)
-{
-    double s = 0;
-    for (int64_t j = 0; j < n; j++) {
-        float v = x[j] * x[j];
-        s += v;
-    }
-    return s;
-}
-
 /* rms norm: rows, n, has_w; consts eps; buffers y, rstd, x, [w] */
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 void tnt_nn_rms_norm(const int32_t *p, const double *consts, void *const *bufs)
@@ -107,7 +97,7 @@ void tnt_nn_rms_norm(const int32_t *p, const double *consts, void *const *bufs)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-        float ms = (float)(sumsq(xr, n) / (double)n);
+        float ms = (float)(sqdev8(xr, 0.0f, n) / (double)n);
         float rs = 1.0f / sqrtf(ms + eps);
         rstd[r] = rs;
         if (has_w)
@@ -135,8 +125,14 @@ void tnt_nn_rms_norm_grad(const int32_t *p, void *const *bufs)
             const float *gr = g + r * n, *xr = x + r * n;
             float *orow = o + r * n;
             float rs = rstd[r];
-            double c = 0;
-            for (int64_t j = 0; j < n; j++) {
+            tnt_lanes lc = { 0 };  /* sum(g w xhat) in lanes (lanes.h) */
+            int64_t j = 0;
+            for (; j + 8 <= n; j += 8) {
+                tnt_lanes gw = has_w ? LANES_AT(gr + j) * LANES_AT(w + j) : LANES_AT(gr + j);
+                lc += gw * (LANES_AT(xr + j) * rs);
+            }
+            double c = lanes_total(&lc);
+            for (; j < n; j++) {
                 float gw = has_w ? gr[j] * w[j] : gr[j], xh = xr[j] * rs, v = gw * xh;
                 c += v;
             }

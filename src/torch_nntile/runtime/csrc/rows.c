@@ -1,6 +1,8 @@
-/* The row-wise kernels of rows.h. Sums are accumulated in double. */
+/* The row-wise kernels of rows.h. Sums are accumulated in double (row sums in float
+   lanes first: lanes.h). */
 #include "rows.h"
 #include "fmath.h"
+#include "lanes.h"
 #include "nn.h"
 
 #include <math.h>
@@ -107,53 +109,13 @@ int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
     return nbuf_of(kind, p) == nbuf ? 0 : -1;
 }
 
-/* Sums with eight float lanes (the loop vectorizes), added up in double. */
-static inline __attribute__((always_inline)) double sum8(const float *a, int64_t n)
-{
-    float acc[8] = { 0 };
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int k = 0; k < 8; k++)
-            acc[k] += a[j + k];
-    double s = 0;
-    for (int k = 0; k < 8; k++)
-        s += acc[k];
-    for (; j < n; j++)
-        s += a[j];
-    return s;
-}
-
-static inline __attribute__((always_inline)) double dot8(const float *a, const float *b, int64_t n)
-{
-    float acc[8] = { 0 };
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int k = 0; k < 8; k++)
-            acc[k] += a[j + k] * b[j + k];
-    double s = 0;
-    for (int k = 0; k < 8; k++)
-        s += acc[k];
-    for (; j < n; j++)
-        s += (double)a[j] * b[j];
-    return s;
-}
-
 /* softmax / log_softmax of one contiguous row; o may serve as scratch. A NaN in the
    row is left out of the max but makes the sum, hence every output, NaN. */
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void softmax_row(int as_log, int64_t n, float *restrict o, const float *restrict x)
 {
-    float lane[8] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY };
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int k = 0; k < 8; k++)
-            lane[k] = x[j + k] > lane[k] ? x[j + k] : lane[k];
-    float m = -INFINITY;
-    for (int k = 0; k < 8; k++)
-        m = lane[k] > m ? lane[k] : m;
-    for (; j < n; j++)
-        m = x[j] > m ? x[j] : m;
-    for (j = 0; j < n; j++)
+    float m = max8(x, n);
+    for (int64_t j = 0; j < n; j++)
         o[j] = fexp(x[j] - m);
     double s = sum8(o, n);
     if (as_log) {
@@ -242,16 +204,9 @@ static void layer_norm(const int32_t *p, const double *consts, void *const *bufs
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-        double s = 0, s2 = 0;
-        for (int64_t j = 0; j < n; j++)
-            s += xr[j];
-        double mu = s / (double)n;
-        for (int64_t j = 0; j < n; j++) {
-            double d = xr[j] - mu;
-            s2 += d * d;
-        }
-        float var = (float)(s2 / (double)n);
-        float rs = 1.0f / sqrtf((var > 0 ? var : 0) + eps), muf = (float)mu;
+        float muf = (float)(sum8(xr, n) / (double)n);
+        float var = (float)(sqdev8(xr, muf, n) / (double)n);
+        float rs = 1.0f / sqrtf((var > 0 ? var : 0) + eps);
         mean[r] = muf;
         rstd[r] = rs;
         for (int64_t j = 0; j < n; j++) {
@@ -277,9 +232,16 @@ static void layer_norm_grad(const int32_t *p, void *const *bufs)
         for (int64_t r = 0; r < rows; r++) {
             const float *gr = g + r * n, *xr = x + r * n;
             float mu = mean[r], rs = rstd[r];
-            double a = 0, c = 0;
-            for (int64_t j = 0; j < n; j++) {
-                double gw = has_w ? (double)gr[j] * w[j] : (double)gr[j];
+            tnt_lanes la = { 0 }, lc = { 0 };  /* sum(g w), sum(g w xhat) in lanes (lanes.h) */
+            int64_t j = 0;
+            for (; j + 8 <= n; j += 8) {
+                tnt_lanes gw = has_w ? LANES_AT(gr + j) * LANES_AT(w + j) : LANES_AT(gr + j);
+                la += gw;
+                lc += gw * ((LANES_AT(xr + j) - mu) * rs);
+            }
+            double a = lanes_total(&la), c = lanes_total(&lc);
+            for (; j < n; j++) {
+                float gw = has_w ? gr[j] * w[j] : gr[j];
                 a += gw;
                 c += gw * ((xr[j] - mu) * rs);
             }
