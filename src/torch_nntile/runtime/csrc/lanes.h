@@ -68,6 +68,28 @@ static inline __attribute__((always_inline)) double sqdev8(const float *a, float
     return s;
 }
 
+/* a norm's input-gradient sums: sum of g[j] w[j] (g[j] without w) and of that times
+   (x[j] - mu) rs, the normalized input (mu 0 for RMS norm) */
+static inline __attribute__((always_inline)) void gw_sums8(const float *g, const float *w, const float *x, float mu,
+                                                           float rs, int64_t n, double *sum_gw, double *sum_gw_xhat)
+{
+    tnt_lanes la = { 0 }, lc = { 0 };
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        tnt_lanes gw = w ? LANES_AT(g + j) * LANES_AT(w + j) : LANES_AT(g + j);
+        la += gw;
+        lc += gw * ((LANES_AT(x + j) - mu) * rs);
+    }
+    double a = lanes_total(&la), c = lanes_total(&lc);
+    for (; j < n; j++) {
+        float gw = w ? g[j] * w[j] : g[j];
+        a += gw;
+        c += gw * ((x[j] - mu) * rs);
+    }
+    *sum_gw = a;
+    *sum_gw_xhat = c;
+}
+
 /* the largest a[j], NaNs left out (-inf for none) */
 static inline __attribute__((always_inline)) float max8(const float *a, int64_t n)
 {

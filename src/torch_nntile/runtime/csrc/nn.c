@@ -125,17 +125,8 @@ void tnt_nn_rms_norm_grad(const int32_t *p, void *const *bufs)
             const float *gr = g + r * n, *xr = x + r * n;
             float *orow = o + r * n;
             float rs = rstd[r];
-            tnt_lanes lc = { 0 };  /* sum(g w xhat) in lanes (lanes.h) */
-            int64_t j = 0;
-            for (; j + 8 <= n; j += 8) {
-                tnt_lanes gw = has_w ? LANES_AT(gr + j) * LANES_AT(w + j) : LANES_AT(gr + j);
-                lc += gw * (LANES_AT(xr + j) * rs);
-            }
-            double c = lanes_total(&lc);
-            for (; j < n; j++) {
-                float gw = has_w ? gr[j] * w[j] : gr[j], xh = xr[j] * rs, v = gw * xh;
-                c += v;
-            }
+            double gsum, c;
+            gw_sums8(gr, w, xr, 0.0f, rs, n, &gsum, &c);  /* c: sum(g w xhat) */
             float cn = (float)(c / (double)n);
             for (int64_t j = 0; j < n; j++) {
                 float gw = has_w ? gr[j] * w[j] : gr[j], xh = xr[j] * rs, t = xh * cn;

@@ -232,19 +232,8 @@ static void layer_norm_grad(const int32_t *p, void *const *bufs)
         for (int64_t r = 0; r < rows; r++) {
             const float *gr = g + r * n, *xr = x + r * n;
             float mu = mean[r], rs = rstd[r];
-            tnt_lanes la = { 0 }, lc = { 0 };  /* sum(g w), sum(g w xhat) in lanes (lanes.h) */
-            int64_t j = 0;
-            for (; j + 8 <= n; j += 8) {
-                tnt_lanes gw = has_w ? LANES_AT(gr + j) * LANES_AT(w + j) : LANES_AT(gr + j);
-                la += gw;
-                lc += gw * ((LANES_AT(xr + j) - mu) * rs);
-            }
-            double a = lanes_total(&la), c = lanes_total(&lc);
-            for (; j < n; j++) {
-                float gw = has_w ? gr[j] * w[j] : gr[j];
-                a += gw;
-                c += gw * ((xr[j] - mu) * rs);
-            }
+            double a, c;
+            gw_sums8(gr, w, xr, mu, rs, n, &a, &c);
             float an = (float)(a / (double)n), cn = (float)(c / (double)n);
             float *orow = o + r * n;
             for (int64_t j = 0; j < n; j++) {
