@@ -227,7 +227,8 @@ def test_layer_norm_rows_in_c(affine, tiles, width, offset):
 
 
 @pytest.mark.parametrize("log", [False, True])
-def test_softmax_rows_wider_than_the_lanes(log):
+@pytest.mark.parametrize("tiles", [None, [2, 4]])
+def test_softmax_rows_wider_than_the_lanes(log, tiles):
     """Rows of 37 (four lanes of 8 and a tail): a NaN inside the lanes makes its row NaN,
     a row of -inf in the lanes and a finite tail keeps its finite values, and a row
     spanning 400 needs its true max (exp of anything else overflows)."""
@@ -239,7 +240,7 @@ def test_softmax_rows_wider_than_the_lanes(log):
     x[4] = torch.linspace(200, -200, 37)
     x[5] = torch.linspace(-200, 200, 37)
     fn = F.log_softmax if log else F.softmax
-    got = fn(_dev(x), -1).cpu()
+    got = fn(_dev(x, tiles), -1).cpu()
     assert torch.isnan(got[1]).all() and torch.isnan(got[3]).all()
     _same_bits(got, fn(x, -1))
 
