@@ -1,0 +1,637 @@
+/* The StarPU shim (interface in shim.h): tile memory and handles, task submission in
+   batches, the codelets that run tiles in C (products through BLAS, elementwise and
+   row programs from ew.c / rows.c) or through the Python callback, failures carried
+   by tiles, and the per-kernel counts and trace events.
+
+   Tile memory is allocated here, not by StarPU: StarPU waits forever for memory that
+   cannot be had, while a failed allocation here is known at once and becomes a failure
+   of the values that need that tile. Each handle's ``user_data`` says whether its
+   current value exists (see ``tnt_task_failure``), so that a task whose inputs failed
+   skips its kernel and passes the failure on to what it writes. */
+#include <starpu.h>
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "ew.h"
+#include "rows.h"
+#include "shim.h"
+
+/* The state of a tile's current value, in its handle's user_data (an intptr_t):
+   0: computed; 2 * id: not computed, because of failure ``id`` (the next task that
+   writes the tile and runs clears it); 2 * id + 1: the tile has no memory (failure
+   ``id``, for good). Tasks on a handle are ordered by StarPU, so a task reads the
+   state its predecessors left. */
+static int64_t tnt_abandon_id;  /* nonzero at exit: tasks that have not started skip their kernels */
+
+/* The failure a task inherits: from a tile it reads that holds none, or one without memory. */
+static int64_t tnt_task_failure(struct starpu_task *task, int n)
+{
+    for (int i = 0; i < n; i++) {
+        intptr_t s = (intptr_t)starpu_data_get_user_data(STARPU_TASK_GET_HANDLE(task, i));
+        if (s != 0 && ((s & 1) || (STARPU_TASK_GET_MODE(task, i) & STARPU_R)))
+            return (int64_t)(s >> 1);
+    }
+    return __atomic_load_n(&tnt_abandon_id, __ATOMIC_RELAXED);
+}
+
+/* After a task: what it wrote holds a value, or not (``failure``). */
+static void tnt_task_wrote(struct starpu_task *task, int n, int64_t failure)
+{
+    intptr_t want = (intptr_t)failure * 2;
+    for (int i = 0; i < n; i++) {
+        if (!(STARPU_TASK_GET_MODE(task, i) & STARPU_W))
+            continue;
+        starpu_data_handle_t h = STARPU_TASK_GET_HANDLE(task, i);
+        intptr_t s = (intptr_t)starpu_data_get_user_data(h);
+        if (s != want && !(s & 1))
+            starpu_data_set_user_data(h, (void *)want);
+    }
+}
+
+static void tnt_cpu_func(void *buffers[], void *cl_arg)
+{
+    struct starpu_task *task = starpu_task_get_current();
+    int n = STARPU_TASK_GET_NBUFFERS(task);
+    uintptr_t ptrs[n > 0 ? n : 1];
+    for (int i = 0; i < n; i++)
+        ptrs[i] = STARPU_VECTOR_GET_PTR(buffers[i]);
+    int64_t failed = tnt_task_failure(task, n);
+    failed = _tnt_kernel((int64_t)(intptr_t)cl_arg, ptrs, n, starpu_worker_get_id(), failed);
+    tnt_task_wrote(task, n, failed);
+}
+
+/* Marks the tile it writes as failed (``cl_arg``): stands in for a task that never ran. */
+static void tnt_fail_func(void *buffers[], void *cl_arg)
+{
+    (void)buffers;
+    struct starpu_task *task = starpu_task_get_current();
+    tnt_task_wrote(task, STARPU_TASK_GET_NBUFFERS(task), (int64_t)(intptr_t)cl_arg);
+}
+
+/* Tile memory. Large tiles get pages of their own (mmap), small ones come from malloc.
+   Tiles live for steps while kernels' temporaries of every size come and go in the
+   same heap: with large tiles there too, the heap fragmented (a medium GPT-2's
+   process grew by ~150 MiB a step, all of it free heap that could not be returned).
+   Pages of their own go back to the system when a tile's memory is freed. */
+#define TNT_MMAP_MIN ((size_t)1 << 18)
+
+static void *tnt_alloc(size_t nbytes)
+{
+    if (nbytes >= TNT_MMAP_MIN) {
+        void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    void *p = NULL;
+    return posix_memalign(&p, 64, nbytes ? nbytes : 1) == 0 ? p : NULL;
+}
+
+static void tnt_free(void *p, size_t nbytes)
+{
+    if (p == NULL)
+        return;
+    if (nbytes >= TNT_MMAP_MIN)
+        munmap(p, nbytes);
+    else
+        free(p);
+}
+
+/* A registered tile's bytes (see tnt_register: items, or one item of the whole size). */
+static size_t tnt_nbytes(starpu_data_handle_t d)
+{
+    return (size_t)starpu_vector_get_nx(d) * starpu_vector_get_elemsize(d);
+}
+
+/* Frees a tile's memory once every earlier task on it is done (its handle is then unregistered). */
+static void tnt_free_func(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    tnt_free((void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+             (size_t)STARPU_VECTOR_GET_NX(buffers[0]) * STARPU_VECTOR_GET_ELEMSIZE(buffers[0]));
+}
+
+static struct starpu_codelet tnt_fail_cl, tnt_free_cl;
+
+static struct starpu_codelet tnt_cl;
+
+/* Idle CPU workers of this StarPU build poll for tasks without ever blocking, each at
+   100% of a core, while Python records the next tasks on the same cores. A worker
+   idle for longer than TNT_SPIN_US (a gap in the work, not the wait for a task's
+   inputs, which is shorter) naps TNT_NAP_NS at a time, so recording and the busy
+   workers get the cores; it picks up new work at most about one nap late. (Once
+   nothing is submitted at all the workers are paused instead: Runtime.pause.) */
+#define TNT_SPIN_US 100.0
+#define TNT_NAP_NS 20000L
+
+static unsigned tnt_idle_hook(void *arg)
+{
+    (void)arg;
+    static __thread double since, last;  /* start of this worker's idle stretch, its last poll */
+    double now = starpu_timing_now();
+    if (now - last > 20.0)  /* the previous poll was long ago: a task ran in between */
+        since = now;
+    last = now;
+    if (now - since > TNT_SPIN_US) {
+        struct timespec ts = {0, TNT_NAP_NS};
+        nanosleep(&ts, NULL);
+        last = starpu_timing_now();
+    }
+    return 1;
+}
+
+/* Runs on each CPU worker once at start: lower that thread's scheduling priority by
+   *arg below the process's (Linux's setpriority applies to the calling thread alone). */
+static void tnt_nice_worker(void *arg)
+{
+    int nice = getpriority(PRIO_PROCESS, 0) + *(int *)arg;
+    setpriority(PRIO_PROCESS, 0, nice < 19 ? nice : 19);
+}
+
+int tnt_init(int ncpu, const char *sched, int nice)
+{
+    struct starpu_conf conf;
+    starpu_conf_init(&conf);
+    conf.ncpus = ncpu;
+    conf.ncuda = 0;
+    conf.nopencl = 0;
+    conf.catch_signals = 0;
+    if (sched != NULL && sched[0] != '\0')
+        conf.sched_policy_name = sched;
+    memset(&tnt_cl, 0, sizeof(tnt_cl));
+    tnt_cl.where = STARPU_CPU;
+    tnt_cl.cpu_funcs[0] = tnt_cpu_func;
+    tnt_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
+    tnt_cl.name = "nntile_tile_kernel";
+    memset(&tnt_fail_cl, 0, sizeof(tnt_fail_cl));
+    tnt_fail_cl.where = STARPU_CPU;
+    tnt_fail_cl.cpu_funcs[0] = tnt_fail_func;
+    tnt_fail_cl.nbuffers = 1;
+    tnt_fail_cl.modes[0] = STARPU_W;
+    tnt_fail_cl.name = "nntile_fail";
+    memset(&tnt_free_cl, 0, sizeof(tnt_free_cl));
+    tnt_free_cl.where = STARPU_CPU;
+    tnt_free_cl.cpu_funcs[0] = tnt_free_func;
+    tnt_free_cl.nbuffers = 1;
+    tnt_free_cl.modes[0] = STARPU_W;
+    tnt_free_cl.name = "nntile_free";
+    __atomic_store_n(&tnt_abandon_id, 0, __ATOMIC_RELAXED);
+    /* Workers inherit this thread's signal mask: with SIGINT blocked there, Ctrl-C is
+       delivered to a Python thread, which can act on it, never to a worker. */
+    sigset_t intr, old;
+    sigemptyset(&intr);
+    sigaddset(&intr, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &intr, &old);
+    int rc = starpu_init(&conf);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0) {
+        starpu_idle_hook_register(tnt_idle_hook, NULL);
+        if (nice > 0)
+            starpu_execute_on_each_worker(tnt_nice_worker, &nice, STARPU_CPU);
+    }
+    return rc;
+}
+
+void tnt_shutdown(void) { starpu_shutdown(); }
+int tnt_ncpu(void) { return (int)starpu_cpu_worker_get_count(); }
+int tnt_nworkers(void) { return (int)starpu_worker_get_count(); }
+void tnt_pause(void) { starpu_pause(); }
+void tnt_resume(void) { starpu_resume(); }
+
+/* Give the free pages of malloc's heaps back to the system. Kernels' temporaries of
+   every size, made and freed on several threads, leave the heaps fragmented: free
+   memory that malloc keeps, and the process's resident size grew by tens of MiB a
+   step (a medium GPT-2) without it. */
+void tnt_trim(void) { malloc_trim(0); }
+
+/* A tile of nelems items in memory allocated here, registered with main RAM as its
+   home. *allocated = 0 when there is no memory for it: the handle then has none
+   (the caller marks it with tnt_set_no_memory before any task uses it). StarPU 1.3
+   counts a vector's items in 32 bits: a larger tile is one item of its whole size. */
+tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated)
+{
+    size_t nbytes = nelems * elemsize;
+    void *p = tnt_alloc(nbytes);
+    *allocated = p != NULL;
+    starpu_data_handle_t h;
+    if (nelems <= UINT32_MAX)
+        starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, (uint32_t)nelems, elemsize);
+    else
+        starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, 1, nbytes);
+    return (tnt_handle)h;
+}
+
+void tnt_set_no_memory(tnt_handle h, int64_t failure)
+{
+    starpu_data_set_user_data((starpu_data_handle_t)h, (void *)((intptr_t)failure * 2 + 1));
+}
+
+/* Unregister once the tasks submitted on h are done, then free its memory: a task
+   frees it in order after them. */
+void tnt_unregister_submit(tnt_handle h)
+{
+    starpu_data_handle_t d = (starpu_data_handle_t)h;
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_free_cl;
+    task->handles[0] = d;
+    if (starpu_task_submit(task) != 0) {  /* cannot happen with CPU workers; never leak silently */
+        void *p = starpu_data_handle_to_pointer(d, STARPU_MAIN_RAM);
+        size_t nbytes = tnt_nbytes(d);
+        starpu_data_unregister(d);
+        tnt_free(p, nbytes);
+        return;
+    }
+    starpu_data_unregister_submit(d);
+}
+
+/* Unregister and free now (no task may still use h: after a wait). */
+void tnt_unregister_now(tnt_handle h)
+{
+    starpu_data_handle_t d = (starpu_data_handle_t)h;
+    void *p = starpu_data_handle_to_pointer(d, STARPU_MAIN_RAM);
+    size_t nbytes = tnt_nbytes(d);
+    starpu_data_unregister(d);
+    tnt_free(p, nbytes);
+}
+
+/* A task that marks h's next value as failed, in order after h's earlier tasks. */
+int tnt_submit_fail(tnt_handle h, int64_t failure)
+{
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_fail_cl;
+    task->cl_arg = (void *)(intptr_t)failure;
+    task->handles[0] = (starpu_data_handle_t)h;
+    return starpu_task_submit(task);
+}
+
+void tnt_set_abandon(int64_t failure) { __atomic_store_n(&tnt_abandon_id, failure, __ATOMIC_RELAXED); }
+
+/* A task's handles and modes; more than STARPU_NMAXBUFS go in arrays of their own
+   (StarPU frees them with the task). Nonzero when those cannot be had. */
+static int tnt_set_buffers(struct starpu_task *task, int n, tnt_handle *handles, int *modes)
+{
+    task->nbuffers = n;
+    if (n > STARPU_NMAXBUFS) {
+        task->dyn_handles = malloc(n * sizeof(starpu_data_handle_t));
+        task->dyn_modes = malloc(n * sizeof(enum starpu_data_access_mode));
+        if (task->dyn_handles == NULL || task->dyn_modes == NULL)
+            return 1;
+    }
+    for (int i = 0; i < n; i++) {
+        STARPU_TASK_SET_HANDLE(task, (starpu_data_handle_t)handles[i], i);
+        STARPU_TASK_SET_MODE(task, (enum starpu_data_access_mode)modes[i], i);
+    }
+    return 0;
+}
+
+static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where, int urgent)
+{
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_cl;
+    task->cl_arg = (void *)(intptr_t)key;
+    task->where = where;
+    if (urgent)
+        task->priority = STARPU_MAX_PRIO;
+    return tnt_set_buffers(task, n, handles, modes) ? -ENOMEM : starpu_task_submit(task);
+}
+
+int tnt_wait_all(void) { return starpu_task_wait_for_all(); }
+
+/* Matrix-product tiles run here, in the StarPU worker, calling BLAS directly:
+   no Python, no GIL. Tiles are row-major; BLAS is column-major, so the row-major
+   C (m x n) = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T. */
+
+typedef void (*tnt_sgemm_t)(const char *, const char *, const int *, const int *, const int *,
+                            const float *, const float *, const int *, const float *, const int *,
+                            const float *, float *, const int *);
+typedef void (*tnt_dgemm_t)(const char *, const char *, const int *, const int *, const int *,
+                            const double *, const double *, const int *, const double *, const int *,
+                            const double *, double *, const int *);
+typedef int (*tnt_threads_t)(int);
+/* MKL's packed products (cblas_sgemm_pack_get_size / _pack / _compute): a B operand
+   shared by several products is packed once instead of inside every call. */
+typedef size_t (*tnt_packsize_t)(int, int, int, int);
+typedef void (*tnt_pack_t)(int, int, int, int, int, int, float, const float *, int, float *);
+typedef void (*tnt_compute_t)(int, int, int, int, int, int, const float *, int, const float *, int,
+                              float, float *, int);
+enum { TNT_ROW_MAJOR = 101, TNT_NO_TRANS = 111, TNT_TRANS = 112, TNT_PACKED = 151, TNT_B_MATRIX = 162 };
+enum { TNT_GEMM = 0, TNT_GEMM_PACKED_B = 1, TNT_PACK_B = 2 };
+
+#define TNT_NAMES 128
+static tnt_sgemm_t tnt_sgemm;
+static tnt_dgemm_t tnt_dgemm;
+static tnt_threads_t tnt_blas_threads;
+static tnt_packsize_t tnt_spack_size;
+static tnt_pack_t tnt_spack;
+static tnt_compute_t tnt_scompute;
+static int tnt_skip_kernels;
+static struct starpu_codelet tnt_gemm_cl;
+static int64_t tnt_gemm_ndone;
+static int64_t tnt_gemm_calls[STARPU_NMAXWORKERS][TNT_NAMES];
+static int64_t tnt_gemm_ns[STARPU_NMAXWORKERS][TNT_NAMES];
+static starpu_pthread_mutex_t tnt_ev_lock = STARPU_PTHREAD_MUTEX_INITIALIZER;
+struct tnt_event { int64_t key; int worker, name; double t0, t1; };
+static struct tnt_event *tnt_events;
+static int64_t tnt_nevents, tnt_evcap;
+
+struct tnt_gemm_args { int64_t key; int kind, ta, tb, m, n, k, dbl, name, trace, batch; double alpha, beta; };
+
+static double tnt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);  /* the clock of Python's time.perf_counter */
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* After a task run in C: its count and kernel seconds under its name, a trace event
+   when tracing, its outputs marked computed. */
+static void tnt_native_done(struct starpu_task *task, int nbuf, int64_t key, int w, int name, int trace,
+                            double t0)
+{
+    int64_t ns = (int64_t)((tnt_now() - t0) * 1e9 + 0.5);
+    double t1 = t0 + 1e-9 * (double)ns;  /* the trace's duration is the one counted */
+    __atomic_add_fetch(&tnt_gemm_calls[w][name], 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&tnt_gemm_ns[w][name], ns, __ATOMIC_RELAXED);
+    if (trace) {
+        STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);
+        if (tnt_nevents == tnt_evcap) {
+            int64_t cap = tnt_evcap ? 2 * tnt_evcap : 4096;
+            struct tnt_event *ev = realloc(tnt_events, cap * sizeof(*ev));
+            if (ev) { tnt_events = ev; tnt_evcap = cap; }
+        }
+        if (tnt_nevents < tnt_evcap) {
+            struct tnt_event e = { key, w, name, t0, t1 };
+            tnt_events[tnt_nevents++] = e;
+        }
+        STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
+    }
+    tnt_task_wrote(task, nbuf, 0);
+    __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+}
+
+/* A task run in C that computed nothing: what it writes holds ``failure``; it counts as done. */
+static void tnt_native_failed(struct starpu_task *task, int nbuf, int64_t failure)
+{
+    tnt_task_wrote(task, nbuf, failure);
+    __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
+}
+
+static void tnt_gemm_func(void *buffers[], void *cl_arg)
+{
+    static __thread int single_threaded;
+    const struct tnt_gemm_args *a = cl_arg;
+    struct starpu_task *task = starpu_task_get_current();
+    int nbuf = STARPU_TASK_GET_NBUFFERS(task);
+    int64_t failed = tnt_task_failure(task, nbuf);
+    if (failed) {  /* an input holds no value: neither does the output */
+        tnt_native_failed(task, nbuf, failed);
+        return;
+    }
+    int w = starpu_worker_get_id();
+    if (!single_threaded) {  /* one core per worker: no BLAS threads of its own */
+        if (tnt_blas_threads)
+            tnt_blas_threads(1);
+        single_threaded = 1;
+    }
+    double t0 = tnt_now();
+    if (tnt_skip_kernels || a->m <= 0 || a->n <= 0) {
+        /* nothing to compute */
+    } else if (a->kind == TNT_PACK_B) {  /* buffers: packed (W), B as stored (R) */
+        tnt_spack(TNT_ROW_MAJOR, TNT_B_MATRIX, a->tb ? TNT_TRANS : TNT_NO_TRANS, a->m, a->n, a->k,
+                  (float)a->alpha, (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
+                  a->tb ? a->k : a->n, (float *)STARPU_VECTOR_GET_PTR(buffers[0]));
+    } else if (a->kind == TNT_GEMM_PACKED_B) {  /* alpha was applied when packing */
+        tnt_scompute(TNT_ROW_MAJOR, a->ta ? TNT_TRANS : TNT_NO_TRANS, TNT_PACKED, a->m, a->n, a->k,
+                     (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), a->ta ? a->m : a->k,
+                     (const float *)STARPU_VECTOR_GET_PTR(buffers[2]), a->n, (float)a->beta,
+                     (float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->n);
+    } else {  /* batch items follow each other in every tile */
+        char *c = (char *)STARPU_VECTOR_GET_PTR(buffers[0]);
+        char *x = (char *)STARPU_VECTOR_GET_PTR(buffers[1]);
+        char *y = (char *)STARPU_VECTOR_GET_PTR(buffers[2]);
+        char opy = a->tb ? 'T' : 'N', opx = a->ta ? 'T' : 'N';
+        int ldy = a->tb ? a->k : a->n, ldx = a->ta ? a->m : a->k, ldc = a->n;
+        if (ldy < 1) ldy = 1;
+        if (ldx < 1) ldx = 1;
+        size_t item = a->dbl ? sizeof(double) : sizeof(float);
+        size_t sc = item * a->m * a->n, sx = item * a->m * a->k, sy = item * a->k * a->n;
+        for (int b = 0; b < a->batch; b++, c += sc, x += sx, y += sy) {
+            if (a->dbl) {
+                double al = a->alpha, be = a->beta;
+                tnt_dgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, (double *)y, &ldy, (double *)x, &ldx, &be,
+                          (double *)c, &ldc);
+            } else {
+                float al = (float)a->alpha, be = (float)a->beta;
+                tnt_sgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, (float *)y, &ldy, (float *)x, &ldx, &be,
+                          (float *)c, &ldc);
+            }
+        }
+    }
+    tnt_native_done(task, nbuf, a->key, w, a->name, a->trace, t0);
+}
+
+/* Elementwise and row-wise tiles (csrc/ew.c, csrc/rows.c): cl_arg is a tnt_ew_args
+   followed by its program (nints int32: the kind, 0 for an ew.h program, else a
+   rows.h kind, then its layout) and its constants (nconst doubles, 8-byte aligned). */
+struct tnt_ew_args { int64_t key; int name, trace, nints, nconst; };
+static struct starpu_codelet tnt_ew_cl;
+
+static size_t tnt_ew_consts_at(int nints)
+{
+    size_t at = sizeof(struct tnt_ew_args) + (size_t)nints * sizeof(int32_t);
+    return (at + 7) & ~(size_t)7;
+}
+
+static void tnt_ew_func(void *buffers[], void *cl_arg)
+{
+    const struct tnt_ew_args *a = cl_arg;
+    struct starpu_task *task = starpu_task_get_current();
+    int nbuf = STARPU_TASK_GET_NBUFFERS(task);
+    int64_t failed = tnt_task_failure(task, nbuf);
+    if (failed) {
+        tnt_native_failed(task, nbuf, failed);
+        return;
+    }
+    void *ptrs[TNT_EW_CONST];
+    for (int i = 0; i < nbuf; i++)
+        ptrs[i] = (void *)STARPU_VECTOR_GET_PTR(buffers[i]);
+    double t0 = tnt_now();
+    int rc = TNT_ROWS_OK;
+    int64_t bad = 0;
+    if (!tnt_skip_kernels) {
+        const int32_t *prog = (const int32_t *)(a + 1);
+        const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
+        if (prog[0] == 0)
+            tnt_ew_run(prog + 1, consts, ptrs);
+        else
+            rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, &bad);
+    }
+    if (rc != TNT_ROWS_OK) {  /* a bad index or target: the task fails as the CPU kernel would */
+        tnt_native_failed(task, nbuf, _tnt_input_error(a->name, rc, bad));
+        return;
+    }
+    tnt_native_done(task, nbuf, a->key, starpu_worker_get_id(), a->name, a->trace, t0);
+}
+
+static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_t *rec, const double *consts,
+                         int64_t key, int trace, uint32_t where)
+{
+    int name = rec[0], nints = rec[1], nconst = rec[2];
+    const int32_t *prog = rec + 3;
+    if (name < 0 || name >= TNT_NAMES || nconst < 0 || nconst > TNT_EW_TEMP - TNT_EW_CONST || nints < 1
+        || nbuf > TNT_EW_CONST
+        || (prog[0] == 0 ? tnt_ew_check(prog + 1, nints - 1, nconst, nbuf)
+                         : tnt_rows_check(prog[0], prog + 1, nints - 1, nconst, nbuf)) != 0)
+        return -EINVAL;
+    size_t at = tnt_ew_consts_at(nints), size = at + (size_t)nconst * sizeof(double);
+    struct tnt_ew_args *a = malloc(size);
+    if (a == NULL)
+        return -ENOMEM;
+    struct tnt_ew_args v = { key, name, trace, nints, nconst };
+    *a = v;
+    memcpy(a + 1, prog, (size_t)nints * sizeof(int32_t));
+    memcpy((char *)a + at, consts, (size_t)nconst * sizeof(double));
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_ew_cl;
+    task->cl_arg = a;
+    task->cl_arg_size = size;
+    task->cl_arg_free = 1;
+    task->where = where;
+    return tnt_set_buffers(task, nbuf, handles, modes) ? -ENOMEM : starpu_task_submit(task);
+}
+
+void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute)
+{
+    tnt_spack_size = (tnt_packsize_t)pack_get_size;
+    tnt_spack = (tnt_pack_t)pack;
+    tnt_scompute = (tnt_compute_t)compute;
+}
+
+/* Bytes of B (k x n) packed for products with m rows; 0 when packing is unavailable. */
+size_t tnt_pack_size(int m, int n, int k)
+{
+    if (!tnt_spack_size || !tnt_spack || !tnt_scompute)
+        return 0;
+    return tnt_spack_size(TNT_B_MATRIX, m, n, k);
+}
+
+void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip)
+{
+    tnt_sgemm = (tnt_sgemm_t)sgemm;
+    tnt_dgemm = (tnt_dgemm_t)dgemm;
+    tnt_blas_threads = (tnt_threads_t)set_threads_local;
+    tnt_skip_kernels = skip;
+    memset(&tnt_gemm_cl, 0, sizeof(tnt_gemm_cl));
+    tnt_gemm_cl.where = STARPU_CPU;
+    tnt_gemm_cl.cpu_funcs[0] = tnt_gemm_func;
+    tnt_gemm_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
+    tnt_gemm_cl.name = "nntile_gemm";
+    memset(&tnt_ew_cl, 0, sizeof(tnt_ew_cl));
+    tnt_ew_cl.where = STARPU_CPU;
+    tnt_ew_cl.cpu_funcs[0] = tnt_ew_func;
+    tnt_ew_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
+    tnt_ew_cl.name = "nntile_ew";
+}
+
+static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, double alpha,
+                           double beta, int64_t key, int trace, uint32_t where)
+{
+    int kind = p[0], ta = p[1], tb = p[2], m = p[3], n = p[4], k = p[5], dbl = p[6], name = p[7], batch = p[8];
+    if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL) || batch < 0
+        || (kind != TNT_GEMM && (dbl || batch != 1 || !tnt_spack || !tnt_scompute)))
+        return -EINVAL;
+    struct tnt_gemm_args *a = malloc(sizeof(*a));
+    if (a == NULL)
+        return -ENOMEM;
+    struct tnt_gemm_args v = { key, kind, ta, tb, m, n, k, dbl, name, trace, batch, alpha, beta };
+    *a = v;
+    struct starpu_task *task = starpu_task_create();
+    task->cl = &tnt_gemm_cl;
+    task->cl_arg = a;
+    task->cl_arg_size = sizeof(*a);
+    task->cl_arg_free = 1;
+    task->where = where;
+    return tnt_set_buffers(task, nbuf, handles, modes) ? -ENOMEM : starpu_task_submit(task);
+}
+
+/* A whole batch in one call (Python does not hold the GIL meanwhile). Task i has key
+   key0 + i and nbufs[i] handles/modes, consecutive in handles/modes. Product tasks are
+   listed in gemm (10 ints each: task index, kind, ta, tb, m, n, k, double?, name id, batch; by
+   task index) with coef (alpha, beta); elementwise tasks in ew (records by task index:
+   task index, name id, nints, nconst, then the kind and its csrc/ew.h or rows.h layout) with their constants
+   consecutive in ewc; the others run the Python kernel of their key.
+   Returns how many tasks went in; out[0] counts them as they go (so the caller knows
+   even if it is interrupted right after this returns), out[1] is StarPU's error for
+   the first that did not. With urgent_last the last task (a readout, which the host
+   waits for) gets the highest priority: it runs as soon as its tiles are ready, not
+   after the tasks queued before it. */
+int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
+                     int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
+                     int trace, uint32_t where, int urgent_last, int *out)
+{
+    out[0] = 0;
+    int off = 0, g = 0, e = 0;
+    for (int i = 0; i < n; i++) {
+        int r;
+        if (g < ngemm && gemm[10 * g] == i) {
+            r = tnt_submit_gemm(nbufs[i], handles + off, modes + off, gemm + 10 * g + 1, coef[2 * g],
+                                coef[2 * g + 1], key0 + i, trace, where);
+            g++;
+        } else if (e < new && ew[0] == i) {  /* record: task index, name, nints, nconst, program */
+            r = tnt_submit_ew(nbufs[i], handles + off, modes + off, ew + 1, ewc, key0 + i, trace, where);
+            ewc += ew[3];
+            ew += 4 + ew[2];
+            e++;
+        } else {
+            r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where, urgent_last && i == n - 1);
+        }
+        if (r != 0) {
+            out[1] = r;
+            return i;
+        }
+        out[0] = i + 1;
+        off += nbufs[i];
+    }
+    out[1] = 0;
+    return n;
+}
+
+int64_t tnt_gemm_done(void) { return __atomic_load_n(&tnt_gemm_ndone, __ATOMIC_ACQUIRE); }
+
+void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds)
+{
+    *calls = __atomic_exchange_n(&tnt_gemm_calls[worker][name], 0, __ATOMIC_RELAXED);
+    *seconds = 1e-9 * (double)__atomic_exchange_n(&tnt_gemm_ns[worker][name], 0, __ATOMIC_RELAXED);
+}
+
+int64_t tnt_gemm_event_count(void)
+{
+    STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);
+    int64_t n = tnt_nevents;
+    STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
+    return n;
+}
+
+/* Moves the oldest (at most max) trace events out; events recorded meanwhile stay. */
+int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0, double *t1, int64_t max)
+{
+    STARPU_PTHREAD_MUTEX_LOCK(&tnt_ev_lock);
+    int64_t n = tnt_nevents < max ? tnt_nevents : max;
+    for (int64_t i = 0; i < n; i++) {
+        keys[i] = tnt_events[i].key;
+        workers[i] = tnt_events[i].worker;
+        names[i] = tnt_events[i].name;
+        t0[i] = tnt_events[i].t0;
+        t1[i] = tnt_events[i].t1;
+    }
+    memmove(tnt_events, tnt_events + n, (tnt_nevents - n) * sizeof(*tnt_events));
+    tnt_nevents -= n;
+    STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ev_lock);
+    return n;
+}

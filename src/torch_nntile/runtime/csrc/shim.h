@@ -1,0 +1,42 @@
+/* The StarPU shim's interface: every StarPU struct stays in shim.c; Python (cffi, API
+   mode) sees the plain functions below. _build_shim.py hands the block between the
+   "cdef" marks to cffi as they are, so this file is the one list of them. */
+#ifndef TNT_SHIM_H
+#define TNT_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Callbacks into Python, defined by the cffi module ("Python+C": callable from here). */
+int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
+int64_t _tnt_input_error(int name, int code, int64_t value);
+
+/* cdef begin */
+typedef void *tnt_handle;
+int tnt_init(int ncpu, const char *sched, int nice);
+void tnt_shutdown(void);
+int tnt_ncpu(void);
+int tnt_nworkers(void);
+void tnt_pause(void);
+void tnt_resume(void);
+void tnt_trim(void);
+tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated);
+void tnt_unregister_submit(tnt_handle h);
+void tnt_unregister_now(tnt_handle h);
+void tnt_set_no_memory(tnt_handle h, int64_t failure);
+int tnt_submit_fail(tnt_handle h, int64_t failure);
+void tnt_set_abandon(int64_t failure);
+int tnt_wait_all(void);
+void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip);
+void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute);
+size_t tnt_pack_size(int m, int n, int k);
+int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
+                     int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
+                     int trace, uint32_t where, int urgent_last, int *out);
+int64_t tnt_gemm_done(void);
+void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
+int64_t tnt_gemm_event_count(void);
+int64_t tnt_gemm_take_events(int64_t *keys, int *workers, int *names, double *t0, double *t1, int64_t max);
+/* cdef end */
+
+#endif
