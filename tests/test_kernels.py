@@ -69,3 +69,17 @@ def test_closures_are_refused():
     with pytest.raises(TypeError, match="kernels are Kernel, Gemm or PackB data"):
         ctx.task(lambda o: o.zero_(), [Arg(arr, (0,), W)], "closure")
     ctx.discard()
+
+
+def test_kernel_equality_tells_negative_zero_and_nested_kernels_apart():
+    add = torch.add
+    assert Kernel(add, 1.0, (2, 3)) == Kernel(add, 1.0, (2, 3))
+    assert Kernel(add, 1.0) != Kernel(add, 2.0)
+    assert Kernel(add, 0.0) != Kernel(add, -0.0)  # == alone would call them equal
+    assert Kernel(add, (0.0, 1)) != Kernel(add, (-0.0, 1))
+    inner, inner_neg = Kernel(torch.mul, 0.0), Kernel(torch.mul, -0.0)
+    assert Kernel(add, inner) != Kernel(add, inner_neg)
+    assert Kernel(add, inner) == Kernel(add, Kernel(torch.mul, 0.0))
+    assert Kernel(add, 1.0) != Kernel(torch.mul, 1.0)
+    a, b = Kernel(add, -0.0, 2), Kernel(add, -0.0, 2)
+    assert a == b and hash(a) == hash(b)
