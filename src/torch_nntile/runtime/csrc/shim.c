@@ -154,6 +154,22 @@ static void tnt_nice_worker(void *arg)
     setpriority(PRIO_PROCESS, 0, nice < 19 ? nice : 19);
 }
 
+/* A CPU codelet running ``fn``: on one tile it writes (``writes_one``), else on the
+   handles and modes each task brings. */
+static void tnt_codelet(struct starpu_codelet *cl, void (*fn)(void *[], void *), int writes_one, const char *name)
+{
+    memset(cl, 0, sizeof(*cl));
+    cl->where = STARPU_CPU;
+    cl->cpu_funcs[0] = fn;
+    cl->name = name;
+    if (writes_one) {
+        cl->nbuffers = 1;
+        cl->modes[0] = STARPU_W;
+    } else {
+        cl->nbuffers = STARPU_VARIABLE_NBUFFERS;
+    }
+}
+
 int tnt_init(int ncpu, const char *sched, int nice)
 {
     struct starpu_conf conf;
@@ -164,23 +180,9 @@ int tnt_init(int ncpu, const char *sched, int nice)
     conf.catch_signals = 0;
     if (sched != NULL && sched[0] != '\0')
         conf.sched_policy_name = sched;
-    memset(&tnt_cl, 0, sizeof(tnt_cl));
-    tnt_cl.where = STARPU_CPU;
-    tnt_cl.cpu_funcs[0] = tnt_cpu_func;
-    tnt_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
-    tnt_cl.name = "nntile_tile_kernel";
-    memset(&tnt_fail_cl, 0, sizeof(tnt_fail_cl));
-    tnt_fail_cl.where = STARPU_CPU;
-    tnt_fail_cl.cpu_funcs[0] = tnt_fail_func;
-    tnt_fail_cl.nbuffers = 1;
-    tnt_fail_cl.modes[0] = STARPU_W;
-    tnt_fail_cl.name = "nntile_fail";
-    memset(&tnt_free_cl, 0, sizeof(tnt_free_cl));
-    tnt_free_cl.where = STARPU_CPU;
-    tnt_free_cl.cpu_funcs[0] = tnt_free_func;
-    tnt_free_cl.nbuffers = 1;
-    tnt_free_cl.modes[0] = STARPU_W;
-    tnt_free_cl.name = "nntile_free";
+    tnt_codelet(&tnt_cl, tnt_cpu_func, 0, "nntile_tile_kernel");
+    tnt_codelet(&tnt_fail_cl, tnt_fail_func, 1, "nntile_fail");
+    tnt_codelet(&tnt_free_cl, tnt_free_func, 1, "nntile_free");
     __atomic_store_n(&tnt_abandon_id, 0, __ATOMIC_RELAXED);
     /* Workers inherit this thread's signal mask: with SIGINT blocked there, Ctrl-C is
        delivered to a Python thread, which can act on it, never to a worker. */
@@ -527,16 +529,8 @@ void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local,
     tnt_dgemm = (tnt_dgemm_t)dgemm;
     tnt_blas_threads = (tnt_threads_t)set_threads_local;
     tnt_skip_kernels = skip;
-    memset(&tnt_gemm_cl, 0, sizeof(tnt_gemm_cl));
-    tnt_gemm_cl.where = STARPU_CPU;
-    tnt_gemm_cl.cpu_funcs[0] = tnt_gemm_func;
-    tnt_gemm_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
-    tnt_gemm_cl.name = "nntile_gemm";
-    memset(&tnt_ew_cl, 0, sizeof(tnt_ew_cl));
-    tnt_ew_cl.where = STARPU_CPU;
-    tnt_ew_cl.cpu_funcs[0] = tnt_ew_func;
-    tnt_ew_cl.nbuffers = STARPU_VARIABLE_NBUFFERS;
-    tnt_ew_cl.name = "nntile_ew";
+    tnt_codelet(&tnt_gemm_cl, tnt_gemm_func, 0, "nntile_gemm");
+    tnt_codelet(&tnt_ew_cl, tnt_ew_func, 0, "nntile_ew");
 }
 
 static int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, double alpha,
