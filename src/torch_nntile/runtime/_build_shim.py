@@ -18,13 +18,16 @@ _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 
 
 def _cdef() -> str:
-    """The declarations cffi exposes: the callbacks into Python, then the functions
-    between shim.h's cdef marks."""
+    """The declarations cffi exposes, all taken from shim.h: the callbacks into Python
+    (each made ``extern "Python+C"``), then the functions between its cdef marks."""
     with open(os.path.join(_CSRC, "shim.h")) as f:
         header = f.read()
-    block = header.split("/* cdef begin */", 1)[1].split("/* cdef end */", 1)[0]
-    return ('extern "Python+C" int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);\n'
-            'extern "Python+C" int64_t _tnt_input_error(int name, int code, int64_t value);\n' + block)
+
+    def between(mark: str) -> str:
+        return header.split(f"/* {mark} begin */", 1)[1].split(f"/* {mark} end */", 1)[0]
+
+    callbacks = "".join(f'extern "Python+C" {line}\n' for line in between("callbacks").split("\n") if line)
+    return callbacks + between("cdef")
 
 
 def _pkg_flags() -> tuple[list[str], list[str]]:

@@ -7,9 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Callbacks into Python, defined by the cffi module ("Python+C": callable from here). */
+/* Callbacks into Python, defined by the cffi module (_build_shim.py declares each
+   line between the "callbacks" marks extern "Python+C": callable from shim.c). */
+/* callbacks begin */
 int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
 int64_t _tnt_input_error(int name, int code, int64_t value);
+/* callbacks end */
 
 /* cdef begin */
 typedef void *tnt_handle;
