@@ -279,3 +279,27 @@ def test_zero_size_and_0_dim_values_in_reused_steps(steps):
         assert_close(got_empty.cpu(), (empty * (i + 1)).sum(0) + scalar)
         assert_close(got_scalar.cpu(), torch.tanh(scalar * (i - 2.5)))
     assert counts()[0] >= 3
+
+
+def test_ops_sharing_a_kernel_are_bound_apart_once_they_stop_sharing(steps):
+    """Two ops holding one kernel object are one hole of the template; a later compile
+    of that structure whose two ops hold different kernels is not bound through it
+    (each op computes with its own scalar)."""
+    from torch_nntile.backend.aten import out_kernel
+    from torch_nntile.backend.device import new_tensor
+    from torch_nntile.ops.base import map_op
+
+    torch.manual_seed(15)
+    x = torch.randn(5)
+    xd = x.to("nntile")
+    torch_nntile.execute()
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    for a, b in [(2.0, 2.0)] * 3 + [(2.0, 3.0), (2.0, 2.0), (2.0, 3.0), (2.0, 3.0)]:
+        ka, nodes = out_kernel(torch.mul, [xd, a])
+        kb = ka if a == b else out_kernel(torch.mul, [xd, b])[0]
+        ya = new_tensor(map_op("mul", ka, nodes, torch.float32))
+        yb = new_tensor(map_op("mul", kb, nodes, torch.float32))
+        assert_close(ya.cpu(), x * a)
+        assert_close(yb.cpu(), x * b)
+    assert counts()[0] >= 3

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import itertools
 import os
 import types
 from typing import Any
@@ -118,54 +119,68 @@ class Structure:
     __slots__ = ("key", "nodes", "values", "slot_of")
 
     def __init__(self, ops: list[OpNode], ctx: Lowering) -> None:
-        tiling = ctx.plan_tiling
-        readers: dict[int, int] = {}
-        for op in ops:
-            for n in op.inputs:
-                readers[id(n)] = readers.get(id(n), 0) + 1
+        plan = ctx.plan_tiling
+        readers = collections.Counter(map(id, itertools.chain.from_iterable([op.inputs for op in ops])))
         number: dict[int, int] = {}  # id(node) -> its number (ids only: refcounts below must not see us)
+        numbered = number.get
+        tilings: dict[int, Any] = {}  # id(axes) -> planned tiling: values sharing their axes share it
         nodes: list[Any] = []
         values: list[TileArray] = []
         slot_of: dict[Any, int] = {}
         parts: list[Any] = [ctx.ncpu]
         for op in ops:
-            ins = []
-            for n in op.inputs:
-                r = number.get(id(n))
-                if r is None:  # a value from before this compile
-                    arr = n.value
-                    if arr is None:
-                        raise Uncacheable("unlowered input")
-                    r = number[id(n)] = ~len(values)
-                    nodes.append(n)
-                    values.append(arr)
-                    tiles = tuple([slot_of.setdefault(h, len(slot_of)) for h in arr.handles])
-                    parts.append((n.shape, n.dtype, tiling(n), arr.tiling, tiles))
-                ins.append(r)
-            refs = outside_refs(op)
+            ins = tuple(map(numbered, map(id, op.inputs)))
+            if None in ins:
+                ins = tuple([self._outside(n, number, nodes, values, slot_of, parts, plan) for n in op.inputs])
             outs = []
-            for out, c in zip(op.outputs, refs):
-                number[id(out)] = len(number)
-                outs.append((out.shape, out.dtype, tiling(out), c == readers.get(id(out), 0)))
-            parts.append((op.opdef, _op_attrs(op), tuple(ins), tuple(outs)))
+            for out, c in zip(op.outputs, outside_refs(op)):
+                key = id(out)
+                number[key] = len(number)
+                t = tilings.get(id(out.axes))
+                if t is None:
+                    t = tilings[id(out.axes)] = plan(out)
+                outs.append((out.shape, out.dtype, t, c == readers[key]))
+            parts.append((op.opdef, _op_attrs(op), ins, tuple(outs)))
         self.key = Key(tuple(parts))
         self.nodes = nodes
         self.values = values
         self.slot_of = slot_of
 
+    @staticmethod
+    def _outside(n: Any, number: dict[int, int], nodes: list[Any], values: list[TileArray],
+                 slot_of: dict[Any, int], parts: list[Any], plan: Any) -> int:
+        """The number of input ``n``, numbering it as a value from before the compile
+        (its tiles, tiling and slots in the key) when it is one."""
+        r = number.get(id(n))
+        if r is None:
+            arr = n.value
+            if arr is None:
+                raise Uncacheable("unlowered input")
+            r = number[id(n)] = ~len(values)
+            nodes.append(n)
+            values.append(arr)
+            tiles = tuple([slot_of.setdefault(h, len(slot_of)) for h in arr.handles])
+            parts.append((n.shape, n.dtype, plan(n), arr.tiling, tiles))
+        return r
+
 
 # -- kernels as recipes ----------------------------------------------------------------
 
 class _Hole:
-    """In a recipe: the kernel (``part`` 0) or the attributes (``part`` 1) of op ``i``."""
+    """In a recipe: the kernel (``part`` 0) or the attributes (``part`` 1) of op ``i``,
+    the template's hole number ``j``."""
 
-    __slots__ = ("i", "part")
+    __slots__ = ("i", "part", "j")
 
-    def __init__(self, i: int, part: int) -> None:
-        self.i, self.part = i, part
+    def __init__(self, i: int, part: int, j: int) -> None:
+        self.i, self.part, self.j = i, part, j
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is _Hole and (other.i, other.part) == (self.i, self.part)
+        return type(other) is _Hole and (other.i, other.part, other.j) == (self.i, self.part, self.j)
+
+    def value(self, ops: list[OpNode]) -> Any:
+        a = ops[self.i].attrs
+        return a[0] if self.part == 0 else a
 
 
 def _recipe(x: Any, holes: dict[int, _Hole]) -> Any:
@@ -208,19 +223,37 @@ class _TupleRecipe:
                 and all(a is b or a == b for i, (a, b) in enumerate(zip(other.items, self.items)) if i not in self.at))
 
 
-def _cook(r: Any, ops: list[OpNode]) -> Any:
+def _cook(r: Any, values: list[Any]) -> Any:
+    """Recipe ``r`` made with the holes' ``values``."""
     t = type(r)
     if t is _Hole:
-        a = ops[r.i].attrs
-        return a[0] if r.part == 0 else a
+        return values[r.j]
     if t is _KernelRecipe:
-        return Kernel(r.fn, *_cook(r.params, ops))
+        return Kernel(r.fn, *_cook(r.params, values))
     if t is _TupleRecipe:
         out = list(r.items)
         for i, p in zip(r.at, r.parts):
-            out[i] = _cook(p, ops)
+            out[i] = _cook(p, values)
         return tuple(out)
     return r
+
+
+def _holes_in(r: Any) -> frozenset[int]:
+    """The numbers of the holes recipe ``r`` takes values from."""
+    t = type(r)
+    if t is _Hole:
+        return frozenset((r.j,))
+    if t is _KernelRecipe:
+        return _holes_in(r.params)
+    if t is _TupleRecipe:
+        return frozenset().union(*map(_holes_in, r.parts))
+    return frozenset()
+
+
+def _unchanged(a: Any, b: Any, part: int) -> bool:
+    """Whether a hole's new value ``a`` makes the same kernels as ``b`` did (a CPU
+    tensor's, part 1, only when it is the same tensor)."""
+    return a is b or part == 0 and a == b
 
 
 def _has_scalar(x: Any) -> bool:
@@ -239,9 +272,14 @@ def _has_scalar(x: Any) -> bool:
 class Template:
     """A lowered compile with its tiles as slots and its kernels as recipes."""
 
-    __slots__ = ("kernels", "tasks", "fresh", "arrays", "temps", "retiles", "nslots", "batch", "users")
+    __slots__ = ("kernels", "holes", "deps", "same", "cooked", "tasks", "fresh", "arrays", "temps", "retiles",
+                 "nslots", "batch", "users")
 
     kernels: tuple[Any, ...]  # recipes
+    holes: tuple[_Hole, ...]  # where the recipes' values come from, by number
+    deps: tuple[frozenset[int], ...]  # per recipe, the holes it takes
+    same: tuple[tuple[_Hole, _Hole], ...]  # holes that were one object (one hole stands for both in the recipes)
+    cooked: tuple[list[Any], list[Any]] | None  # the holes' values and the kernels made of them, last binding
     tasks: tuple[tuple[int, tuple[int, ...], list[int], list[Any], str], ...]  # kernel, slots, modes, specs, name
     fresh: tuple[tuple[int, int], ...]  # per new slot, (items, item size)
     arrays: tuple[tuple[Any, ...], ...]  # shape, dtype, tiling, own slots | None, base, order, (op, output), label
@@ -268,13 +306,18 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure) -> Template:
     if ctx.failed:
         raise Uncacheable("an op failed to lower")
     holes: dict[int, _Hole] = {}
+    same: list[tuple[_Hole, _Hole]] = []
     where: dict[int, tuple[int, int]] = {}  # id(node) -> (op, output) in ``pre``
     for i, op in enumerate(pre):
         d = op.opdef
-        if d.binds_kernel:
-            holes[id(op.attrs[0])] = _Hole(i, 0)
-        elif d.binds_data and type(op.attrs) is torch.Tensor:
-            holes[id(op.attrs)] = _Hole(i, 1)
+        part = 0 if d.binds_kernel else 1 if d.binds_data and type(op.attrs) is torch.Tensor else -1
+        if part >= 0:
+            key = id(op.attrs[0] if part == 0 else op.attrs)
+            first = holes.get(key)
+            if first is None:
+                holes[key] = _Hole(i, part, len(holes))
+            else:  # ops sharing a kernel (one hole stands for both): bound again only while they still share one
+                same.append((first, _Hole(i, part, -1)))
         for j, n in enumerate(op.outputs):
             where[id(n)] = (i, j)
     # tasks: kernels as recipes (one per kernel object), handles as slots
@@ -346,6 +389,10 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure) -> Template:
         array(arr, at, node.op.label if node.op is not None else None)
     t = Template()
     t.kernels = tuple(kernels)
+    t.holes = tuple(holes.values())
+    t.deps = tuple(_holes_in(r) for r in kernels)
+    t.same = tuple(same)
+    t.cooked = None
     t.tasks = tuple(tasks)
     t.fresh = tuple(fresh)
     t.arrays = tuple(tuple(a) for a in arrays)
@@ -384,7 +431,7 @@ def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) ->
     keep.extend(made)
     if t.temps:
         keep.append(Held(rt, [slots[s] for s in t.temps], counted=True))
-    kernels = [_cook(r, ops) for r in t.kernels]
+    kernels = _kernels(t, ops)
     ctx.tasks = [(kernels[k], [slots[s] for s in hs], modes, specs, name) for k, hs, modes, specs, name in t.tasks]
     ctx.reused = Bound(t, kernels)
     for op, at, d in t.retiles:  # counted under the new values' axis groups
@@ -395,6 +442,27 @@ def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) ->
             _node(at, ops, st).value = arr
             if label is not None:
                 labels[id(arr)] = label
+
+
+def _kernels(t: Template, ops: list[OpNode]) -> list[Any]:
+    """The template's kernels for ``ops``: those whose holes hold the values of the last
+    binding (equal kernels) are that binding's objects, so that ``Bound.submit`` knows
+    them unchanged by identity; the others are made anew."""
+    values = [h.value(ops) for h in t.holes]
+    last = t.cooked
+    if last is None:
+        kernels = [_cook(r, values) for r in t.kernels]
+    else:
+        old_values, kernels = last
+        holes = t.holes
+        dirty = {j for j, (a, b) in enumerate(zip(values, old_values)) if not _unchanged(a, b, holes[j].part)}
+        kernels = list(kernels)
+        if dirty:
+            for k, deps in enumerate(t.deps):
+                if deps and not dirty.isdisjoint(deps):
+                    kernels[k] = _cook(t.kernels[k], values)
+    t.cooked = (values, kernels)
+    return kernels
 
 
 def _node(at: tuple[int, int], ops: list[OpNode], st: Structure) -> Any:
@@ -479,6 +547,9 @@ class StepCache:
                     self.seen.add(h)
                 return False
             self.templates.move_to_end(st.key)
+            if any(a.value(ops) is not b.value(ops) for a, b in t.same):  # the recipes cannot tell them apart now
+                self._learn = st
+                return False
             if self.check:
                 self._learn = st
                 self._checking = t
