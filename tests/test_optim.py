@@ -456,3 +456,118 @@ def test_capturable_adamw_counts_steps_on_device(foreach):
         _assert_params_close(model, ref, f"step {step + 1}")
     steps = [opt.state[p]["step"] for p in model.parameters()]
     assert all(s.device.type == "nntile" and s.item() == 5 for s in steps)
+
+
+# -- alike elements: one graph op per foreach call ------------------------------------
+
+def _foreach_ops() -> list[str]:
+    """The pending ``foreach`` graph ops, by label (the probes the calls leave are maps)."""
+    from torch_nntile.graph.nodes import SESSION
+    return [op.label for op in SESSION.snapshot() if op.opdef.name == "foreach"]
+
+
+ALIKE = {  # (call, elements per list): 2-D elements of several shapes, one zero-size, one broadcasting
+    "mul__Scalar": lambda s, a, b: torch._foreach_mul_(s, 0.75),
+    "add_List": lambda s, a, b: torch._foreach_add(s, b, alpha=-2),
+    "addcdiv__ScalarList_equal": lambda s, a, b: torch._foreach_addcdiv_(s, a, a, [0.25] * len(s)),
+    "addcmul__Scalar": lambda s, a, b: torch._foreach_addcmul_(s, a, b, value=-0.5),
+    "lerp__Scalar": lambda s, a, b: torch._foreach_lerp_(s, a, 0.3),
+    "sqrt": lambda s, a, b: torch._foreach_sqrt(s),
+    "div__ScalarList_unequal": lambda s, a, b: torch._foreach_div_(s, [2.0, -0.5, 4.0, 0.5, 1.5][:len(s)]),
+    "pow_ScalarAndTensor": lambda s, a, b: torch._foreach_pow(2.0, s),
+}
+ALIKE_SHAPES = [(6, 5), (4, 5), (6, 5), (0, 5), (6, 1)]  # b's last element broadcasts against s's (6, 5)
+
+
+def _alike_lists(tiled: bool):
+    g = torch.Generator().manual_seed(17)
+    shapes = [ALIKE_SHAPES[:4], ALIKE_SHAPES[:4], ALIKE_SHAPES[:3] + [(0, 1)]]
+    cpu = [[torch.rand(s, generator=g) + 0.5 for s in lst] for lst in shapes]
+    dev = [[t.to("nntile") for t in lst] for lst in cpu]
+    if tiled:  # uneven tiles along dim 0 of the (6, 5) elements
+        for i, t in enumerate(dev[0][:3:2]):
+            torch_nntile.set_axis_group_name(t, {0: f"alike_rows_{i}"})
+            torch_nntile.set_axis_group_tiling(f"alike_rows_{i}", [4, 2])
+    torch_nntile.execute()
+    torch_nntile.wait()
+    return cpu, dev
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=TILE_IDS)
+@pytest.mark.parametrize("name", list(ALIKE))
+def test_foreach_alike_elements_match_cpu(name, tiled):
+    fn = ALIKE[name]
+    (cs, ca, cb), (ns, na, nb) = _alike_lists(tiled)
+    want = fn(cs, ca, cb)
+    got = fn(ns, na, nb)
+    ops = _foreach_ops()
+    if name.endswith("unequal"):
+        assert ops == [], ops  # elements with scalars of their own: element by element
+    else:
+        assert ops and len(ops) <= 2, ops  # the alike elements: one op (per group of alike ones)
+    assert (want is None) == (got is None)
+    for w, g in zip(want if want is not None else cs, got if got is not None else ns):
+        assert g.device.type == "nntile" and g.shape == w.shape
+        assert_close(g.cpu(), w)
+
+
+def test_foreach_alike_0_dim_elements_match_cpu():
+    cs = [torch.tensor(float(i) + 0.5) for i in range(4)]
+    ns = [t.to("nntile") for t in cs]
+    torch._foreach_addcmul_(ns, ns, ns, value=0.5)
+    assert _foreach_ops() == ["addcmul"]
+    torch._foreach_addcmul_(cs, cs, cs, value=0.5)
+    for w, g in zip(cs, ns):
+        assert_close(g.cpu(), w)
+
+
+def test_foreach_broadcast_growing_an_element_raises_as_on_cpu():
+    """In place, an element whose result outgrows it raises as on CPU, after the elements
+    before it were updated."""
+    def run(dev: bool):
+        s = [torch.full((3, 4), 1.0), torch.full((1, 4), 2.0), torch.full((3, 4), 3.0)]
+        o = [torch.full((3, 4), 0.5)] * 3
+        if dev:
+            s, o = [t.to("nntile") for t in s], [t.to("nntile") for t in o]
+        with pytest.raises(RuntimeError) as e:
+            torch._foreach_add_(s, o)
+        return str(e.value), [t.cpu() for t in s]
+    (want_msg, want), (got_msg, got) = run(False), run(True)
+    assert got_msg == want_msg
+    for w, g in zip(want, got):
+        assert_close(g, w)
+
+
+def test_foreach_chains_fold_element_by_element():
+    """A chain of foreach calls whose intermediate results nothing else holds runs as one
+    task per element (untiled); elements whose inputs alias (the first reads one tensor
+    twice) need programs of their own, and their chain is left unfolded. Both are CPU's."""
+    g = torch.Generator().manual_seed(18)
+    xs = [torch.rand(5, 3, generator=g) for _ in range(4)]
+    ys = [torch.rand(5, 3, generator=g) for _ in range(4)]
+    for aliased in (False, True):
+        ysa = [xs[0]] + ys[1:] if aliased else ys
+        xn, yn = [t.to("nntile") for t in xs], [t.to("nntile") for t in ysa]
+        if aliased:
+            yn[0] = xn[0]
+        torch_nntile.execute()
+        torch_nntile.wait()
+        torch_nntile.reset_info()
+        out = torch._foreach_mul(xn, 2.0)
+        torch._foreach_add_(out, yn)
+        torch._foreach_sqrt_(out)
+        torch_nntile.execute()
+        torch_nntile.wait()
+        tasks = {k: v["tasks"] for k, v in torch_nntile.metrics()["kernels"].items()}
+        assert tasks == ({"mul": 4, "add": 4, "sqrt": 4} if aliased else {"mul+add+sqrt": 4}), tasks
+        for g_, x, y in zip(out, xs, ysa):
+            assert_close(g_.cpu(), (x * 2 + y).sqrt())
+
+
+def test_foreach_signed_zero_scalars_make_groups_of_their_own():
+    xs = [torch.full((2, 3), 1.0 + i) for i in range(4)]
+    scalars = [0.0, -0.0, 0.0, -0.0]
+    got = torch._foreach_mul([t.to("nntile") for t in xs], scalars)
+    assert sorted(_foreach_ops()) == ["mul", "mul"]
+    for g, w in zip(got, torch._foreach_mul(xs, scalars)):
+        assert torch.equal(torch.signbit(g.cpu()), torch.signbit(w))

@@ -1,8 +1,11 @@
-"""ATen table: the ``_foreach_*`` ops of ``torch.optim``, run element by element
-through the native per-tensor ops (imported last: it registers only those)."""
+"""ATen table: the ``_foreach_*`` ops of ``torch.optim``, through the native per-tensor
+ops (imported last: it registers only those). Elements alike in dtypes, dimensions and
+scalars are recorded as one ``foreach`` graph op (a list of parameters is one op, not
+one per parameter); others run element by element."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from typing import Any
@@ -20,10 +23,10 @@ from torch_nntile.backend.aten import (
     register,
     write_inplace,
 )
-from torch_nntile.backend.device import is_nntile, new_tensor, to_cpu
+from torch_nntile.backend.device import NNTILE, is_nntile, new_tensor, read, to_cpu, write
 from torch_nntile.backend.fallback import run_fallback
 from torch_nntile.graph.nodes import DataNode
-from torch_nntile.ops.base import NotNative
+from torch_nntile.ops.base import MAP, NotNative, call_out, foreach_op
 
 # ``_foreach_X`` runs ``X`` per list element through the dispatcher. Where ``X`` has
 # no tensor-scalar overload, another op stands in (as ATen's own slow path does).
@@ -131,6 +134,11 @@ def _direct(form: tuple[Callable[..., DataNode], bool], overload: Any, key: str)
 
     def run(pos: Iterable[tuple], kws: Iterable[dict[str, Any]]) -> list[Any]:
         check_live()
+        pos, kws = list(pos), list(kws)
+        outs = _together(fn, in_place, pos, kws)
+        if outs is not None:
+            calls[key] += len(outs)
+            return outs
         outs = []
         for p, k in zip(pos, kws):
             try:
@@ -147,6 +155,85 @@ def _direct(form: tuple[Callable[..., DataNode], bool], overload: Any, key: str)
             outs.append(out)
         return outs
     return run
+
+
+def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws: list[dict[str, Any]]) -> list[Any] | None:
+    """The elements recorded as ``foreach`` graph ops, one per group of elements alike in
+    what an elementwise form's kernel and dtype depend on (``_alike``); None (nothing
+    written) where that does not apply: then element by element, as before."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (p, k) in enumerate(zip(pos, kws)):
+        sig = _alike(p, k)
+        if sig is None:
+            return None
+        groups.setdefault(sig, []).append(i)
+    if len(groups) == len(pos):
+        return None  # no two alike
+    values: list[Any] = [None] * len(pos)
+    for idx in groups.values():
+        got = _record_alike(fn, [pos[i] for i in idx], [kws[i] for i in idx])
+        if got is None:
+            return None
+        for i, v in zip(idx, got):
+            values[i] = v
+    if not in_place:
+        return [new_tensor(v) for v in values]
+    targets = [p[0] for p in pos]
+    if any(v.shape != tuple(t.shape) or v.dtype != t.dtype and not torch.can_cast(v.dtype, t.dtype)
+           for v, t in zip(values, targets)):
+        return None  # element by element, each raising as its op would (the ops recorded are left unread)
+    for t, v in zip(targets, values):
+        write(t, v)
+    return targets
+
+
+def _record_alike(fn: Callable[..., DataNode], pos: list[tuple], kws: list[dict[str, Any]]) -> list[DataNode] | None:
+    """The results of alike elements: one ``foreach`` op where the element op is one map
+    of the element's tensors, in order, whose kernel is made from the arguments alone
+    (``call_out``). The first element runs the form to learn that kernel; that op's
+    result is left unread (it is pruned) unless it is the only element."""
+    try:
+        probe = fn(*pos[0], **kws[0])
+    except NotNative:
+        return None
+    if len(pos) == 1:
+        return [probe]
+    op = probe.op
+    if op is None or op.opdef is not MAP or op.outputs[0] is not probe or getattr(op.attrs[0], "fn", None) is not call_out:
+        return None
+    nodes = [[read(a) for a in _tensors(p, k)] for p, k in zip(pos, kws)]
+    if len(op.inputs) != len(nodes[0]) or any(a is not b for a, b in zip(op.inputs, nodes[0])):
+        return None
+    kernel, name = op.attrs
+    try:
+        return list(foreach_op(name, kernel, nodes, probe.dtype))
+    except RuntimeError:  # shapes that do not broadcast: raised element by element, as the op would
+        return None
+
+
+def _tensors(p: tuple, k: dict[str, Any]) -> list[torch.Tensor]:
+    return [a for a in (*p, *k.values()) if isinstance(a, torch.Tensor)]
+
+
+def _alike(p: tuple, k: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What an elementwise form's kernel and dtype depend on: per argument a tensor's
+    dtype and dimensions, a number's type and value (-0.0 told from 0.0); None for
+    other arguments (CPU tensors, lists). (A lazily conjugated or negated tensor reads
+    as a value of its own: ``read`` resolves the bits.)"""
+    sig: list[Any] = []
+    for a in (*p, *k.values()) if k else p:
+        t = type(a)
+        if t is float:
+            sig.append((float, a, math.copysign(1.0, a)))
+        elif isinstance(a, torch.Tensor):
+            if a.device != NNTILE:
+                return None
+            sig.append((a.dtype, a.dim()))
+        elif t is int or t is bool or t is str or a is None:
+            sig.append((t, a))
+        else:
+            return None
+    return tuple(sig)
 
 
 # The element op overload each foreach overload runs: by (op, overload), else by overload.

@@ -119,8 +119,12 @@ def input_index(inp: TileArray, out_idx: tuple[int, ...], out_ndim: int) -> tupl
 
 def _lower_map(ctx: Lowering, node: OpNode) -> None:
     fn, name = node.attrs
-    out_node = node.outputs[0]
-    ins = [ctx.input(n) for n in node.inputs]
+    map_tasks(ctx, fn, name, node.inputs, node.outputs[0])
+
+
+def map_tasks(ctx: Lowering, fn: Kernel, name: str, inputs: tuple[DataNode, ...], out_node: DataNode) -> None:
+    """The tasks of one elementwise result: ``fn(out_tile, *input_tiles)`` per output tile."""
+    ins = [ctx.input(n) for n in inputs]
     out = ctx.output(out_node)
     if len(out.handles) == 1 and all(len(a.handles) == 1 for a in ins):  # untiled: one task, no index work
         ctx.task_on_first_tiles(fn, out, ins, name)
@@ -129,6 +133,14 @@ def _lower_map(ctx: Lowering, node: OpNode) -> None:
     for idx in out.indices():
         args = [Arg(out, idx, W)] + [Arg(a, input_index(a, idx, nd), R) for a in ins]
         ctx.task(fn, args, name)
+
+
+def _lower_foreach(ctx: Lowering, node: OpNode) -> None:
+    fn, name = node.attrs
+    outs = node.outputs
+    k = len(node.inputs) // len(outs)
+    for e, out_node in enumerate(outs):
+        map_tasks(ctx, fn, name, node.inputs[e * k:(e + 1) * k], out_node)
 
 
 def kernel_name(node: OpNode) -> str:
@@ -178,6 +190,23 @@ def map_op(name: str, fn: Kernel, inputs: list[DataNode], dtype: torch.dtype) ->
     """Record an elementwise op: kernel ``fn(out_tile, *input_tiles)`` writes out_tile."""
     shape, axes = broadcast_axes(inputs)
     return record(MAP, tuple(inputs), (fn, name), [(shape, dtype, axes)])[0]
+
+
+FOREACH = Op("foreach", _lower_foreach, kernel_name, binds_kernel=True)
+"""One elementwise op over the elements of tensor lists (a ``_foreach_*`` call): output
+``e`` is the map of inputs ``e*k .. e*k+k-1``, all elements running one kernel. A list
+of parameters is one graph op, not one per parameter."""
+
+
+def foreach_op(name: str, fn: Kernel, inputs: list[list[DataNode]], dtype: torch.dtype) -> tuple[DataNode, ...]:
+    """Record ``fn`` over each element's (equally many) inputs, as ``map_op`` would one by one."""
+    flat: list[DataNode] = []
+    outs = []
+    for nodes in inputs:
+        shape, axes = broadcast_axes(nodes)
+        flat.extend(nodes)
+        outs.append((shape, dtype, axes))
+    return record(FOREACH, tuple(flat), (fn, name), outs)
 
 
 # -- whole-value ops: one task over the values gathered into single tiles ----------

@@ -5,6 +5,12 @@ same shape reads, and that nothing else holds (no tensor, view or other op), is 
 into that reader: the group runs as one task per output tile, the intermediate
 results as temporaries inside the kernel, never registered as tiles. An optimizer's
 per-parameter update (AdamW: a dozen ops per parameter) becomes a few tasks.
+
+``foreach`` ops (one op over the elements of tensor lists) fold the same way, element
+by element: a producer whose every result only the same element of one later foreach op
+reads folds into it, when all elements then run one program (they do unless their
+inputs alias differently). ``torch.optim``'s foreach AdamW becomes three such ops per
+group of alike parameters.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import torch
 
 from torch_nntile.graph.nodes import DataNode, OpNode, outside_refs
 from torch_nntile.kernels import Kernel, native
-from torch_nntile.ops.base import MAP, Op, _lower_map
+from torch_nntile.ops.base import FOREACH, MAP, Op, _lower_map
 
 Step = tuple[Kernel, tuple[int, ...], torch.dtype]  # kernel, operands (>= 0: input tile, < 0: step ~k), dtype
 
@@ -50,7 +56,8 @@ FUSED = Op("fused", _lower_map, lambda node: node.attrs[1], binds_kernel=True)
 
 
 def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
-    """The ops with elementwise chains folded into single ops (see module docstring)."""
+    """The ops with elementwise chains folded into single ops (see module docstring);
+    chains of ``_foreach_*`` ops fold element by element into one such op."""
     uses: dict[int, int] = {}
     reader: dict[int, OpNode] = {}
     for op in ops:
@@ -61,15 +68,18 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
     producers: dict[OpNode, list[OpNode]] = {}
     folded: set[OpNode] = set()
     for op in ops:
-        if op.opdef is not MAP:
+        kind = op.opdef
+        if kind is not MAP and kind is not FOREACH:
             continue
-        extra = outside_refs(op)[0]
-        key = id(op.outputs[0])
-        r = reader.get(key)
-        if r is None or r.opdef is not MAP or r.outputs[0].shape != op.outputs[0].shape:
+        refs = outside_refs(op)
+        r = reader.get(id(op.outputs[0]))
+        if r is None or r.opdef is not kind or len(r.outputs) != len(refs):
             continue
-        if not uses[key] == extra == sum(1 for n in r.inputs if id(n) == key):  # r is its only reader
-            continue
+        k = len(r.inputs) // len(refs)
+        if not all(reader.get(id(o)) is r and o.shape == ro.shape
+                   and uses[id(o)] == c == sum(1 for n in r.inputs[e * k:(e + 1) * k] if n is o)
+                   for e, (o, ro, c) in enumerate(zip(op.outputs, r.outputs, refs))):
+            continue  # r is not the only reader of each result (of that result's element)
         producers.setdefault(r, []).append(op)
         folded.add(op)
     if not folded:
@@ -88,19 +98,24 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
                 group.append(p)
                 stack.append(p)
         group.sort(key=index.__getitem__)  # record order: every producer before its reader
-        out.append(_fused(group))
+        fused = _fused(group)
+        if fused is None:  # elements that would need programs of their own: left as they are
+            out.extend(group)
+        else:
+            out.append(fused)
     return out
 
 
-def _fused(order: list[OpNode]) -> OpNode:
-    """One op computing the last op's result from the group's outside inputs."""
-    step_of = {id(o.outputs[0]): j for j, o in enumerate(order)}
+def _program(steps: list[tuple[Kernel, tuple[DataNode, ...], DataNode]]) -> tuple[list[DataNode], tuple[Step, ...]]:
+    """The outside inputs and the program of a chain of ``(kernel, inputs, result)``
+    steps, each reading outside inputs or earlier steps' results."""
+    step_of = {id(out): j for j, (_, _, out) in enumerate(steps)}
     inputs: list[DataNode] = []
     slot: dict[int, int] = {}
     program: list[Step] = []
-    for o in order:
+    for kernel, ins, out in steps:
         refs = []
-        for n in o.inputs:
+        for n in ins:
             j = step_of.get(id(n))
             if j is not None:
                 refs.append(~j)
@@ -109,10 +124,33 @@ def _fused(order: list[OpNode]) -> OpNode:
                 slot[id(n)] = len(inputs)
                 inputs.append(n)
             refs.append(slot[id(n)])
-        program.append((o.attrs[0], tuple(refs), o.outputs[0].dtype))
+        program.append((kernel, tuple(refs), out.dtype))
+    return inputs, tuple(program)
+
+
+def _fused(order: list[OpNode]) -> OpNode | None:
+    """One op computing the last op's results from the group's outside inputs (None for
+    a foreach chain whose elements' programs differ)."""
+    last = order[-1]
     name = "+".join(o.attrs[1] for o in order)
-    fused = OpNode(FUSED, tuple(inputs), (Kernel(fused_tile, tuple(program)), name))
-    fused.outputs = order[-1].outputs
+    if last.opdef is MAP:
+        inputs, program = _program([(o.attrs[0], o.inputs, o.outputs[0]) for o in order])
+        fused = OpNode(FUSED, tuple(inputs), (Kernel(fused_tile, program), name))
+    else:
+        n = len(last.outputs)
+        arity = [len(o.inputs) // n for o in order]
+        flat: list[DataNode] = []
+        program = None
+        for e in range(n):
+            ins, prog = _program([(o.attrs[0], o.inputs[e * k:(e + 1) * k], o.outputs[e])
+                                  for o, k in zip(order, arity)])
+            if program is None:
+                program = prog
+            elif prog != program:
+                return None
+            flat.extend(ins)
+        fused = OpNode(FOREACH, tuple(flat), (Kernel(fused_tile, program), name))
+    fused.outputs = last.outputs
     for n in fused.outputs:
         n.op = fused
     for o in order[:-1]:  # the folded ops: break their node <-> op cycles, which would keep inputs alive
