@@ -286,7 +286,7 @@ def _traced(fn: Callable[..., Any], args: tuple, kwargs: dict, flat: list[Any]) 
         arr = b.node.value
         if arr is None:
             continue
-        b.views = {}  # a cached view of an older value: re-read inside the call
+        b.views = None  # a cached view of an older value: re-read inside the call
         i = arg_bufs.get(id(b))
         src: Source = ("arg", i) if i is not None else ("buf", id(b))
         sources[src] = (arr.shape, arr.dtype, arr.tiling)
@@ -435,7 +435,7 @@ class _Program:
             for src, (desc, axes) in self.written.items():
                 b = self._buf_of(src, flat)
                 if b is not None:
-                    b.node, b.views = self._node(desc, axes, handles, arrays, built), {}
+                    b.node, b.views = self._node(desc, axes, handles, arrays, built), None
             rt.release([h for h, owned in zip(regs, self.owned) if not owned])
             rt.recycle()
         return _pytree.tree_unflatten(results, self.out_spec)

@@ -103,7 +103,7 @@ class Buf:
 
     def __init__(self, node: DataNode) -> None:
         self.node = node
-        self.views: dict[tuple, DataNode] = {}
+        self.views: dict[tuple, DataNode] | None = None  # (shape, strides, offset) -> node; made on first view
         self.generation = SESSION_STATE.generation
 
 
@@ -168,9 +168,14 @@ def read(t: torch.Tensor) -> DataNode:
     if t.shape == node.shape and t.is_contiguous():
         return node
     key = (tuple(t.shape), t.stride(), t.storage_offset())
-    v = buf.views.get(key)
+    views = buf.views
+    v = views.get(key) if views is not None else None
     if v is None:
-        v = buf.views[key] = read_view(node, *key)
+        v = read_view(node, *key)
+        if views is None:
+            buf.views = {key: v}
+        else:
+            views[key] = v
     return v
 
 
@@ -213,7 +218,7 @@ def write(t: torch.Tensor, value: DataNode) -> None:
     buf = _buf(t)
     if shape == buf.node.shape and t.is_contiguous():
         buf.node = value
-        buf.views = {}
+        buf.views = None
         return
     key = (shape, t.stride(), t.storage_offset())
     if t.numel() and any(st == 0 and sz > 1 for sz, st in zip(shape, key[1])):
@@ -256,11 +261,11 @@ def resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:
         grown = fill((offset + n,), base.dtype, 0)
         if base.numel:
             grown = write_view(grown, reshape(base, (base.numel,)), (base.numel,), (1,), 0)
-        buf.node, buf.views = grown, {}
+        buf.node, buf.views = grown, None
     reserve(t, offset + n)
     _AS_STRIDED_(_META, t, list(shape), list(stride), offset)
     if offset == 0 and n == buf.node.numel and buf.node.shape != shape:
-        buf.node, buf.views = reshape(buf.node, shape), {}  # t is the whole storage: make it the base
+        buf.node, buf.views = reshape(buf.node, shape), None  # t is the whole storage: make it the base
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
