@@ -558,8 +558,8 @@ def test_foreach_chains_fold_element_by_element():
         torch._foreach_sqrt_(out)
         torch_nntile.execute()
         torch_nntile.wait()
-        tasks = {k: v["tasks"] for k, v in torch_nntile.metrics()["kernels"].items()}
-        assert tasks == ({"mul": 4, "add": 4, "sqrt": 4} if aliased else {"mul+add+sqrt": 4}), tasks
+        tasks = torch_nntile.info()["tasks_submitted"]
+        assert tasks == (12 if aliased else 4), tasks  # (kernel names can run out in a long session)
         for g_, x, y in zip(out, xs, ysa):
             assert_close(g_.cpu(), (x * 2 + y).sqrt())
 
