@@ -571,3 +571,23 @@ def test_foreach_signed_zero_scalars_make_groups_of_their_own():
     assert sorted(_foreach_ops()) == ["mul", "mul"]
     for g, w in zip(got, torch._foreach_mul(xs, scalars)):
         assert torch.equal(torch.signbit(g.cpu()), torch.signbit(w))
+
+
+@pytest.mark.parametrize("case", ["same_target_twice", "reads_another_target", "views_of_one_storage"])
+def test_foreach_in_place_elements_sharing_storage_run_in_order_as_on_cpu(case):
+    """In place, an element that reads or writes what an earlier one wrote sees that
+    write, as CPU's element-by-element loop does."""
+    def run(dev: bool):
+        a, b = torch.ones(2, 3), torch.full((2, 3), 2.0)
+        base = torch.arange(12.0).reshape(4, 3)
+        if dev:
+            a, b, base = a.to("nntile"), b.to("nntile"), base.to("nntile")
+        if case == "same_target_twice":
+            torch._foreach_mul_([a, a, b], 2.0)
+        elif case == "reads_another_target":
+            torch._foreach_add_([a, b], [b, a])
+        else:
+            torch._foreach_addcmul_([base[:2], base[2:]], [base[2:], base[:2]], [b, b], value=0.5)
+        return [t.cpu() for t in (a, b, base)]
+    for w, g in zip(run(False), run(True)):
+        assert_close(g, w)

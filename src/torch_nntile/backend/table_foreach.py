@@ -23,7 +23,7 @@ from torch_nntile.backend.aten import (
     register,
     write_inplace,
 )
-from torch_nntile.backend.device import NNTILE, is_nntile, new_tensor, read, to_cpu, write
+from torch_nntile.backend.device import NNTILE, _buf, is_nntile, new_tensor, read, to_cpu, write
 from torch_nntile.backend.fallback import run_fallback
 from torch_nntile.graph.nodes import DataNode
 from torch_nntile.ops.base import MAP, NotNative, call_out, foreach_op
@@ -169,6 +169,8 @@ def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws
         groups.setdefault(sig, []).append(i)
     if len(groups) == len(pos):
         return None  # no two alike
+    if in_place and _aliased(pos, kws):
+        return None
     values: list[Any] = [None] * len(pos)
     for idx in groups.values():
         got = _record_alike(fn, [pos[i] for i in idx], [kws[i] for i in idx])
@@ -209,6 +211,21 @@ def _record_alike(fn: Callable[..., DataNode], pos: list[tuple], kws: list[dict[
         return list(foreach_op(name, kernel, nodes, probe.dtype))
     except RuntimeError:  # shapes that do not broadcast: raised element by element, as the op would
         return None
+
+
+def _aliased(pos: list[tuple], kws: list[dict[str, Any]]) -> bool:
+    """Whether an in-place call's elements share storage: two targets, or a target and
+    another element's input. Element by element, a later element then reads (or writes
+    again) what an earlier one wrote, as on CPU; one op would read every value before."""
+    owner: dict[int, int] = {}
+    for i, p in enumerate(pos):
+        if owner.setdefault(id(_buf(p[0])), i) != i:
+            return True
+    for i, (p, k) in enumerate(zip(pos, kws)):
+        for a in _tensors(p, k):
+            if owner.get(id(_buf(a)), i) != i:
+                return True
+    return False
 
 
 def _tensors(p: tuple, k: dict[str, Any]) -> list[torch.Tensor]:
