@@ -166,13 +166,21 @@ def type_name(dt: torch.dtype) -> str:
     return torch.empty(0, dtype=dt).type().removeprefix("torch.").removesuffix("Tensor")
 
 
-def write_inplace(t: torch.Tensor, value: DataNode) -> None:
-    """The result of an in-place op into ``t``: same shape, a dtype ``t`` can hold."""
+def inplace_error(t: torch.Tensor, value: DataNode) -> str | None:
+    """Why ``value`` cannot be an in-place op's result in ``t`` (CPU's message), or None:
+    it must have ``t``'s shape and a dtype ``t`` can hold."""
     if value.shape != tuple(t.shape):
-        raise RuntimeError(f"output with shape {list(t.shape)} doesn't match the broadcast shape {list(value.shape)}")
+        return f"output with shape {list(t.shape)} doesn't match the broadcast shape {list(value.shape)}"
     if value.dtype != t.dtype and not torch.can_cast(value.dtype, t.dtype):
-        raise RuntimeError(f"result type {type_name(value.dtype)} can't be cast to the desired output type "
-                           f"{type_name(t.dtype)}")
+        return f"result type {type_name(value.dtype)} can't be cast to the desired output type {type_name(t.dtype)}"
+    return None
+
+
+def write_inplace(t: torch.Tensor, value: DataNode) -> None:
+    """The result of an in-place op into ``t`` (``inplace_error`` raised if it cannot be)."""
+    error = inplace_error(t, value)
+    if error is not None:
+        raise RuntimeError(error)
     write(t, value)
 
 

@@ -19,6 +19,7 @@ from torch_nntile.backend.aten import (
     REGISTERED,
     aten,
     check_live,
+    inplace_error,
     overload_exists,
     register,
     write_inplace,
@@ -181,8 +182,7 @@ def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws
     if not in_place:
         return [new_tensor(v) for v in values]
     targets = [p[0] for p in pos]
-    if any(v.shape != tuple(t.shape) or v.dtype != t.dtype and not torch.can_cast(v.dtype, t.dtype)
-           for v, t in zip(values, targets)):
+    if any(inplace_error(t, v) is not None for t, v in zip(targets, values)):
         return None  # element by element, each raising as its op would (the ops recorded are left unread)
     for t, v in zip(targets, values):
         write(t, v)
@@ -204,7 +204,7 @@ def _record_alike(fn: Callable[..., DataNode], pos: list[tuple], kws: list[dict[
     if op is None or op.opdef is not MAP or op.outputs[0] is not probe or getattr(op.attrs[0], "fn", None) is not call_out:
         return None
     nodes = [[read(a) for a in _tensors(p, k)] for p, k in zip(pos, kws)]
-    if len(op.inputs) != len(nodes[0]) or any(a is not b for a, b in zip(op.inputs, nodes[0])):
+    if op.inputs != tuple(nodes[0]):  # nodes compare by identity
         return None
     kernel, name = op.attrs
     try:

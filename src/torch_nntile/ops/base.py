@@ -117,30 +117,27 @@ def input_index(inp: TileArray, out_idx: tuple[int, ...], out_ndim: int) -> tupl
 # -- elementwise family: one op, the kernel is data ---------------------------
 
 
-def _lower_map(ctx: Lowering, node: OpNode) -> None:
-    fn, name = node.attrs
-    map_tasks(ctx, fn, name, node.inputs, node.outputs[0])
-
-
-def map_tasks(ctx: Lowering, fn: Kernel, name: str, inputs: tuple[DataNode, ...], out_node: DataNode) -> None:
-    """The tasks of one elementwise result: ``fn(out_tile, *input_tiles)`` per output tile."""
-    ins = [ctx.input(n) for n in inputs]
-    out = ctx.output(out_node)
-    if len(out.handles) == 1 and all(len(a.handles) == 1 for a in ins):  # untiled: one task, no index work
-        ctx.task_on_first_tiles(fn, out, ins, name)
-        return
-    nd = len(out.shape)
-    for idx in out.indices():
-        args = [Arg(out, idx, W)] + [Arg(a, input_index(a, idx, nd), R) for a in ins]
-        ctx.task(fn, args, name)
-
-
-def _lower_foreach(ctx: Lowering, node: OpNode) -> None:
-    fn, name = node.attrs
+def elements(node: OpNode) -> list[tuple[tuple[DataNode, ...], DataNode]]:
+    """Per result of an elementwise op, its inputs: one for a map, one per list element
+    for a ``foreach`` op (each element reads equally many inputs)."""
     outs = node.outputs
     k = len(node.inputs) // len(outs)
-    for e, out_node in enumerate(outs):
-        map_tasks(ctx, fn, name, node.inputs[e * k:(e + 1) * k], out_node)
+    return [(node.inputs[e * k:(e + 1) * k], out) for e, out in enumerate(outs)]
+
+
+def _lower_map(ctx: Lowering, node: OpNode) -> None:
+    """``fn(out_tile, *input_tiles)`` per output tile of each result."""
+    fn, name = node.attrs
+    for inputs, out_node in elements(node):
+        ins = [ctx.input(n) for n in inputs]
+        out = ctx.output(out_node)
+        if len(out.handles) == 1 and all(len(a.handles) == 1 for a in ins):  # untiled: one task, no index work
+            ctx.task_on_first_tiles(fn, out, ins, name)
+            continue
+        nd = len(out.shape)
+        for idx in out.indices():
+            args = [Arg(out, idx, W)] + [Arg(a, input_index(a, idx, nd), R) for a in ins]
+            ctx.task(fn, args, name)
 
 
 def kernel_name(node: OpNode) -> str:
@@ -192,7 +189,7 @@ def map_op(name: str, fn: Kernel, inputs: list[DataNode], dtype: torch.dtype) ->
     return record(MAP, tuple(inputs), (fn, name), [(shape, dtype, axes)])[0]
 
 
-FOREACH = Op("foreach", _lower_foreach, kernel_name, binds_kernel=True)
+FOREACH = Op("foreach", _lower_map, kernel_name, binds_kernel=True)
 """One elementwise op over the elements of tensor lists (a ``_foreach_*`` call): output
 ``e`` is the map of inputs ``e*k .. e*k+k-1``, all elements running one kernel. A list
 of parameters is one graph op, not one per parameter."""

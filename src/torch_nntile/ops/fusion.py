@@ -21,7 +21,7 @@ import torch
 
 from torch_nntile.graph.nodes import DataNode, OpNode, outside_refs
 from torch_nntile.kernels import Kernel, native
-from torch_nntile.ops.base import FOREACH, MAP, Op, _lower_map
+from torch_nntile.ops.base import FOREACH, MAP, Op, _lower_map, elements
 
 Step = tuple[Kernel, tuple[int, ...], torch.dtype]  # kernel, operands (>= 0: input tile, < 0: step ~k), dtype
 
@@ -75,10 +75,8 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
         r = reader.get(id(op.outputs[0]))
         if r is None or r.opdef is not kind or len(r.outputs) != len(refs):
             continue
-        k = len(r.inputs) // len(refs)
-        if not all(reader.get(id(o)) is r and o.shape == ro.shape
-                   and uses[id(o)] == c == sum(1 for n in r.inputs[e * k:(e + 1) * k] if n is o)
-                   for e, (o, ro, c) in enumerate(zip(op.outputs, r.outputs, refs))):
+        if not all(reader.get(id(o)) is r and o.shape == ro.shape and uses[id(o)] == c == sum(1 for n in ins if n is o)
+                   for o, (ins, ro), c in zip(op.outputs, elements(r), refs)):
             continue  # r is not the only reader of each result (of that result's element)
         producers.setdefault(r, []).append(op)
         folded.add(op)
@@ -133,23 +131,17 @@ def _fused(order: list[OpNode]) -> OpNode | None:
     a foreach chain whose elements' programs differ)."""
     last = order[-1]
     name = "+".join(o.attrs[1] for o in order)
-    if last.opdef is MAP:
-        inputs, program = _program([(o.attrs[0], o.inputs, o.outputs[0]) for o in order])
-        fused = OpNode(FUSED, tuple(inputs), (Kernel(fused_tile, program), name))
-    else:
-        n = len(last.outputs)
-        arity = [len(o.inputs) // n for o in order]
-        flat: list[DataNode] = []
-        program = None
-        for e in range(n):
-            ins, prog = _program([(o.attrs[0], o.inputs[e * k:(e + 1) * k], o.outputs[e])
-                                  for o, k in zip(order, arity)])
-            if program is None:
-                program = prog
-            elif prog != program:
-                return None
-            flat.extend(ins)
-        fused = OpNode(FOREACH, tuple(flat), (Kernel(fused_tile, program), name))
+    per_op = [elements(o) for o in order]
+    flat: list[DataNode] = []
+    program = None
+    for e in range(len(last.outputs)):
+        ins, prog = _program([(o.attrs[0], *els[e]) for o, els in zip(order, per_op)])
+        if program is None:
+            program = prog
+        elif prog != program:
+            return None
+        flat.extend(ins)
+    fused = OpNode(FUSED if last.opdef is MAP else FOREACH, tuple(flat), (Kernel(fused_tile, program), name))
     fused.outputs = last.outputs
     for n in fused.outputs:
         n.op = fused
