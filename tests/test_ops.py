@@ -264,3 +264,19 @@ def test_split_reduction_only_without_independent_work():
     assert both == 4 + 1
     assert_close(out["dw"].cpu(), g.t() @ x)
     assert_close(out["other"].cpu(), a @ b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.int16])
+def test_arange_lengths_and_errors_match_cpu(dtype):
+    # small integer bounds are counted without PyTorch's meta rule: every sign and step
+    # gives CPU's values, and CPU's error where the bounds and step disagree
+    for start, end, step in [(0, 64, 1), (3, 10, 3), (10, 3, -2), (-5, 5, 4), (2, 2, 1), (2, 2, -3),
+                             (-7, -1, 2), (0, 1 << 24, 1 << 22)]:
+        assert torch.equal(torch.arange(start, end, step, dtype=dtype, device="nntile").cpu(),
+                           torch.arange(start, end, step, dtype=dtype))
+    for start, end, step in [(0, 5, 0), (5, 0, 1), (0, 5, -1)]:
+        with pytest.raises(RuntimeError) as cpu:
+            torch.arange(start, end, step, dtype=dtype)
+        with pytest.raises(RuntimeError) as ours:
+            torch.arange(start, end, step, dtype=dtype, device="nntile")
+        assert str(ours.value) == str(cpu.value)

@@ -112,9 +112,24 @@ def _clone(self: torch.Tensor, *, memory_format: Any = None) -> torch.Tensor:
 register("clone", _clone)
 
 
+_ARANGE_FAST = (torch.int64, torch.int32, torch.float32, torch.float64)
+
+
+def _arange_len(start: Scalar, end: Scalar, step: Scalar, dtype: torch.dtype) -> int:
+    """How many values ``arange`` makes: counted here for small integer bounds (a
+    causal mask's positions, every step), else by PyTorch's own rule and checks on
+    the meta device (40 us a call, most of the op's record time)."""
+    if (type(start) is int and type(end) is int and type(step) is int and dtype in _ARANGE_FAST
+            and step and max(abs(start), abs(end)) < 1 << 24):
+        d = end - start
+        if d == 0 or (d > 0) == (step > 0):
+            return (d + step - 1) // step if step > 0 else (d + step + 1) // step
+    return torch.arange(start, end, step, dtype=dtype, device="meta").shape[0]
+
+
 def _arange_out(start: Scalar, end: Scalar, step: Scalar = 1, *, out: torch.Tensor) -> torch.Tensor:
     check_live()
-    n = torch.arange(start, end, step, dtype=out.dtype, device="meta").shape[0]  # PyTorch's size rule and checks
+    n = _arange_len(start, end, step, out.dtype)
     resize_output(out, (n,))
     write(out, arange(n, start, step, out.dtype))
     return out

@@ -161,20 +161,29 @@ def _direct(form: tuple[Callable[..., DataNode], bool], overload: Any, key: str)
 def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws: list[dict[str, Any]]) -> list[Any] | None:
     """The elements recorded as ``foreach`` graph ops, one per group of elements alike in
     what an elementwise form's kernel and dtype depend on (``_alike``); None (nothing
-    written) where that does not apply: then element by element, as before."""
+    written) where that does not apply: then element by element, as before.
+
+    Each element's tensors and their payloads are looked up once, for the grouping,
+    the aliasing check and the reads (an optimizer step meets every parameter in
+    each of its calls)."""
     groups: dict[tuple[Any, ...], list[int]] = {}
+    tensors: list[list[torch.Tensor]] = []
     for i, (p, k) in enumerate(zip(pos, kws)):
-        sig = _alike(p, k)
+        ts: list[torch.Tensor] = []
+        sig = _alike(p, k, ts)
         if sig is None:
             return None
         groups.setdefault(sig, []).append(i)
+        tensors.append(ts)
     if len(groups) == len(pos):
         return None  # no two alike
-    if in_place and _aliased(pos, kws):
+    bufs = [[_buf(a) for a in ts] for ts in tensors]
+    if in_place and _aliased(bufs):
         return None
     values: list[Any] = [None] * len(pos)
     for idx in groups.values():
-        got = _record_alike(fn, [pos[i] for i in idx], [kws[i] for i in idx])
+        got = _record_alike(fn, [pos[i] for i in idx], [kws[i] for i in idx], [tensors[i] for i in idx],
+                            [bufs[i] for i in idx])
         if got is None:
             return None
         for i, v in zip(idx, got):
@@ -189,11 +198,13 @@ def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws
     return targets
 
 
-def _record_alike(fn: Callable[..., DataNode], pos: list[tuple], kws: list[dict[str, Any]]) -> list[DataNode] | None:
+def _record_alike(fn: Callable[..., DataNode], pos: list[tuple], kws: list[dict[str, Any]],
+                  tensors: list[list[torch.Tensor]], bufs: list[list[Any]]) -> list[DataNode] | None:
     """The results of alike elements: one ``foreach`` op where the element op is one map
-    of the element's tensors, in order, whose kernel is made from the arguments alone
-    (``call_out``). The first element runs the form to learn that kernel; that op's
-    result is left unread (it is pruned) unless it is the only element."""
+    of the element's tensors (``tensors``, their payloads ``bufs``), in order, whose
+    kernel is made from the arguments alone (``call_out``). The first element runs the
+    form to learn that kernel; that op's result is left unread (it is pruned) unless it
+    is the only element."""
     try:
         probe = fn(*pos[0], **kws[0])
     except NotNative:
@@ -203,7 +214,7 @@ def _record_alike(fn: Callable[..., DataNode], pos: list[tuple], kws: list[dict[
     op = probe.op
     if op is None or op.opdef is not MAP or op.outputs[0] is not probe or getattr(op.attrs[0], "fn", None) is not call_out:
         return None
-    nodes = [[read(a) for a in _tensors(p, k)] for p, k in zip(pos, kws)]
+    nodes = [[_read(a, b) for a, b in zip(ts, bs)] for ts, bs in zip(tensors, bufs)]
     if op.inputs != tuple(nodes[0]):  # nodes compare by identity
         return None
     kernel, name = op.attrs
@@ -213,30 +224,37 @@ def _record_alike(fn: Callable[..., DataNode], pos: list[tuple], kws: list[dict[
         return None
 
 
-def _aliased(pos: list[tuple], kws: list[dict[str, Any]]) -> bool:
-    """Whether an in-place call's elements share storage: two targets, or a target and
-    another element's input. Element by element, a later element then reads (or writes
-    again) what an earlier one wrote, as on CPU; one op would read every value before."""
+def _read(t: torch.Tensor, buf: Any) -> DataNode:
+    """``read(t)`` for ``t`` with payload ``buf``: its node itself where ``t`` is the whole
+    contiguous value (a parameter, a gradient, an optimizer state), else through ``read``."""
+    node = buf.node
+    if t.shape == node.shape and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+        return node
+    return read(t)
+
+
+def _aliased(bufs: list[list[Any]]) -> bool:
+    """Whether an in-place call's elements share storage (``bufs``: per element the
+    payloads of its tensors, the target first): two targets, or a target and another
+    element's input. Element by element, a later element then reads (or writes again)
+    what an earlier one wrote, as on CPU; one op would read every value before."""
     owner: dict[int, int] = {}
-    for i, p in enumerate(pos):
-        if owner.setdefault(id(_buf(p[0])), i) != i:
+    for i, bs in enumerate(bufs):
+        if owner.setdefault(id(bs[0]), i) != i:
             return True
-    for i, (p, k) in enumerate(zip(pos, kws)):
-        for a in _tensors(p, k):
-            if owner.get(id(_buf(a)), i) != i:
+    for i, bs in enumerate(bufs):
+        for b in bs:
+            if owner.get(id(b), i) != i:
                 return True
     return False
 
 
-def _tensors(p: tuple, k: dict[str, Any]) -> list[torch.Tensor]:
-    return [a for a in (*p, *k.values()) if isinstance(a, torch.Tensor)]
-
-
-def _alike(p: tuple, k: dict[str, Any]) -> tuple[Any, ...] | None:
+def _alike(p: tuple, k: dict[str, Any], tensors: list[torch.Tensor]) -> tuple[Any, ...] | None:
     """What an elementwise form's kernel and dtype depend on: per argument a tensor's
     dtype and dimensions, a number's type and value (-0.0 told from 0.0); None for
-    other arguments (CPU tensors, lists). (A lazily conjugated or negated tensor reads
-    as a value of its own: ``read`` resolves the bits.)"""
+    other arguments (CPU tensors, lists). The element's tensors are appended to
+    ``tensors``, in argument order. (A lazily conjugated or negated tensor reads as a
+    value of its own: ``read`` resolves the bits.)"""
     sig: list[Any] = []
     for a in (*p, *k.values()) if k else p:
         t = type(a)
@@ -246,6 +264,7 @@ def _alike(p: tuple, k: dict[str, Any]) -> tuple[Any, ...] | None:
             if a.device != NNTILE:
                 return None
             sig.append((a.dtype, a.dim()))
+            tensors.append(a)
         elif t is int or t is bool or t is str or a is None:
             sig.append((t, a))
         else:
