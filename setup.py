@@ -1,5 +1,30 @@
-"""Builds the StarPU shim (cffi API mode) at install time; metadata is in pyproject.toml."""
+"""Builds the StarPU shim (cffi API mode) and, where torch is importable at build time,
+the C++ view kernels (``backend/csrc/views.cpp``); metadata is in pyproject.toml.
 
-from setuptools import setup
+The view kernels are optional: a build without torch (the wheel's tools venv) leaves
+them out and the package registers the same kernels in Python."""
 
-setup(cffi_modules=["src/torch_nntile/runtime/_build_shim.py:ffibuilder"])
+from __future__ import annotations
+
+from setuptools import Extension, setup
+
+
+def _view_kernels() -> list[Extension]:
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        return []
+    return [Extension(
+        "torch_nntile.backend._views",
+        sources=["src/torch_nntile/backend/csrc/views.cpp"],
+        include_dirs=cpp_extension.include_paths(),
+        library_dirs=cpp_extension.library_paths(),
+        libraries=["c10", "torch_cpu"],
+        language="c++",
+        extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"],
+    )]
+
+
+setup(cffi_modules=["src/torch_nntile/runtime/_build_shim.py:ffibuilder"], ext_modules=_view_kernels())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 from conftest import assert_close
 from torch import nn
@@ -216,3 +217,24 @@ def test_a_bad_worker_niceness_is_named():
         done = run_python(code, env={**os.environ, "TORCH_NNTILE_WORKER_NICE": bad})
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"TORCH_NNTILE_WORKER_NICE must be an integer of 0 or more, got {bad!r}"
+
+
+def test_views_run_as_cpp_kernels_with_cpu_errors():
+    # the build compiles backend/csrc/views.cpp: views then record no Python call (not
+    # counted as ATen calls) and raise CPU's errors, a geometry past the storage included
+    from torch_nntile import stats
+    from torch_nntile.backend import table_data
+
+    assert table_data.NATIVE_VIEWS
+    x = torch.arange(24.0)
+    xn = x.to("nntile")
+    before = stats.OP_CALLS.copy()
+    v = xn.view(4, 6).t()[1:3].as_strided((2, 3), (1, 4), 2)
+    assert not {k for k in stats.OP_CALLS - before if "view" in k or "strided" in k}
+    assert torch.equal(v.cpu(), x.view(4, 6).t()[1:3].as_strided((2, 3), (1, 4), 2))
+    for bad in (lambda t: t.view(5, 5), lambda t: t.as_strided((5, 5), (5, 1)), lambda t: t.view(4, 6).t().view(-1)):
+        with pytest.raises(RuntimeError) as cpu:
+            bad(x)
+        with pytest.raises(RuntimeError) as ours:
+            bad(xn)
+        assert str(ours.value) == str(cpu.value)

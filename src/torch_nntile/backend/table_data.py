@@ -1,14 +1,15 @@
 """ATen table: factories, fills, copies and casts, random fills, index ops, cat, and
-views (computed on Meta, aliasing their base's storage)."""
+views (metadata over their base's storage, in C++ where built)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from torch_nntile.backend.aten import META, Scalar, aten, check_live, defop, out_kernel, promote, register, type_name
+from torch_nntile.backend.aten import META, REGISTERED, Scalar, aten, check_live, defop, out_kernel, promote, register, type_name
 from torch_nntile.backend.device import (
     DEVICE,
     cast,
@@ -297,17 +298,29 @@ for _name in ("normal_", "uniform_", "bernoulli_.float", "random_", "random_.fro
     _random_inplace(_name)
 
 
-# -- views: computed on Meta, aliasing the same storage -------------------------
+# -- views: metadata over the same storage ---------------------------------------
+
+_VIEWS = ("view", "_reshape_alias", "as_strided")
+"""Views registered from C++ (``csrc/views.cpp``) where that library was built."""
+
+
+def _load_native_views() -> bool:
+    """Register ``_VIEWS`` from the C++ library beside this module; False where it was
+    not built (a build without torch): the Python kernels below register instead."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    lib = next((os.path.join(here, f) for f in sorted(os.listdir(here)) if f.startswith("_views.") and f.endswith(".so")),
+               None)
+    if lib is None:
+        return False
+    torch.ops.load_library(lib)  # its static registrar runs on load
+    REGISTERED.update(_VIEWS)
+    return True
 
 
 def _meta_view(op: Any) -> Callable[..., torch.Tensor]:
     def f(*args: Any, **kw: Any) -> torch.Tensor:
         return op.redispatch(META, *args, **kw)
     return f
-
-
-for _name in ("view", "_reshape_alias"):
-    register(_name, _meta_view(getattr(aten, _name).default))
 
 
 def _as_strided(self: torch.Tensor, size: Any, stride: Any, storage_offset: int | None = None) -> torch.Tensor:
@@ -321,7 +334,11 @@ def _as_strided(self: torch.Tensor, size: Any, stride: Any, storage_offset: int 
     return aten.as_strided.default.redispatch(META, self, size, stride, storage_offset)
 
 
-register("as_strided", _as_strided)
+NATIVE_VIEWS = _load_native_views()
+if not NATIVE_VIEWS:
+    for _name in ("view", "_reshape_alias"):
+        register(_name, _meta_view(getattr(aten, _name).default))
+    register("as_strided", _as_strided)
 
 
 def _as_strided_(self: torch.Tensor, size: Any, stride: Any, storage_offset: int | None = None) -> torch.Tensor:
