@@ -280,3 +280,24 @@ def test_arange_lengths_and_errors_match_cpu(dtype):
         with pytest.raises(RuntimeError) as ours:
             torch.arange(start, end, step, dtype=dtype, device="nntile")
         assert str(ours.value) == str(cpu.value)
+
+
+@pytest.mark.parametrize("empty_dtype", [torch.float32, torch.float64])
+def test_cat_of_one_kept_tensor_is_a_new_value(empty_dtype):
+    # a cache's first update: cat([empty 1-D, x]) gives x's values (promoted as on CPU)
+    # in a tensor of its own: writes to either side leave the other alone
+    x = torch.randn(2, 3, 4)
+    for parts in ([torch.tensor([], dtype=empty_dtype), x.transpose(1, 2)], [x]):
+        want = torch.cat(parts, dim=-2)
+        dev = [p.to("nntile") for p in parts]
+        got = torch.cat(dev, dim=-2)
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+        got.add_(1)
+        assert torch.equal(dev[-1].cpu(), parts[-1]) and torch.equal(got.cpu(), want + 1)
+        dev[-1].mul_(0)
+        assert torch.equal(got.cpu(), want + 1)
+    w = torch.randn(3, 4, requires_grad=True)
+    wn = w.detach().to("nntile").requires_grad_()
+    torch.cat([torch.tensor([]), w * 2]).sum().backward()
+    torch.cat([torch.tensor([]).to("nntile"), wn * 2]).sum().backward()
+    assert torch.equal(wn.grad.cpu(), w.grad)

@@ -243,6 +243,9 @@ def _cat(tensors: list[torch.Tensor], dim: int = 0) -> DataNode:
             if k != d and a != b:
                 raise RuntimeError(f"Sizes of tensors must match except in dimension {d}. Expected size {a} but got "
                                    f"size {b} for tensor number {i} in the list.")
+    if len(kept) == 1:  # a cache's first update, cat([empty, x]): x's value (immutable, as clone shares it)
+        x = read(kept[0][1])
+        return x if x.dtype == dtype else cast(x, dtype)
     return views.cat([read(t) for _, t in kept], d, dtype)
 
 
