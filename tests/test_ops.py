@@ -235,6 +235,34 @@ def test_linear_reads_transposed_weight_without_copy(shape):
     assert_close(y.cpu(), torch.nn.functional.linear(x.cpu(), w.cpu()))
 
 
+@pytest.mark.parametrize("tiles", [None, [1, 2]])
+def test_weight_gradient_reads_transposed_reshape_without_copy(tiles):
+    """A weight gradient ``x.view(-1, n).t() @ g`` of a 3-D input (HF's Conv1D, any
+    linear on a batch of sequences) multiplies by the transposed reshape in the mm
+    kernel: no permute copy is recorded, under the batch tiling (uneven) or none; the
+    values and the whole backward match CPU's."""
+    x, w, b = torch.randn(3, 4, 6), torch.randn(6, 5), torch.randn(5)
+    xn = x.to("nntile")
+    if tiles is not None:
+        torch_nntile.set_axis_group_name(xn, {0: "wgrad_batch"})
+        torch_nntile.set_axis_group_tiling("wgrad_batch", tiles)
+    g = torch.randn(12, 5)
+    gn = g.to("nntile")
+    torch_nntile.execute()
+    dw = torch.mm(xn.view(-1, 6).t(), gn)
+    assert "permute" not in torch_nntile.pending_op_names()
+    assert_close(dw.cpu(), x.view(-1, 6).t() @ g)
+
+    def conv1d(x, w, b):  # GPT-2's Conv1D forward
+        return torch.addmm(b, x.view(-1, x.size(-1)), w).view(*x.shape[:-1], w.shape[1])
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    conv1d(*leaves).square().sum().backward()
+    on = [t.to("nntile").detach().requires_grad_() for t in (x, w, b)]
+    conv1d(*on).square().sum().backward()
+    for cpu_leaf, nn_leaf in zip(leaves, on):
+        assert_close(nn_leaf.grad.cpu(), cpu_leaf.grad)
+
+
 def _tasks_run(fn) -> int:
     """Tasks submitted for the ops ``fn`` records (inputs already on the device)."""
     torch_nntile.wait()

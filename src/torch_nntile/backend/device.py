@@ -167,11 +167,16 @@ def read(t: torch.Tensor) -> DataNode:
         return _resolve_bits(t, node)
     if t.shape == node.shape and t.is_contiguous():
         return node
-    key = (tuple(t.shape), t.stride(), t.storage_offset())
+    return _view(buf, (tuple(t.shape), t.stride(), t.storage_offset()))
+
+
+def _view(buf: Buf, key: tuple[tuple[int, ...], tuple[int, ...], int]) -> DataNode:
+    """The node of the view ``key`` (sizes, strides, offset) of ``buf``'s value, recorded
+    once per value: a view read again (in the backward, say) is the same node."""
     views = buf.views
     v = views.get(key) if views is not None else None
     if v is None:
-        v = read_view(node, *key)
+        v = read_view(buf.node, *key)
         if views is None:
             buf.views = {key: v}
         else:
@@ -194,14 +199,18 @@ _NEG = Kernel(call_out, torch.neg, (), (TILE,))
 
 
 def read_transposable(t: torch.Tensor) -> tuple[DataNode, bool]:
-    """For matmul operands: a 2-D tensor that is the transpose of its base is read
-    as (base, True) so the kernel transposes the tile view instead of copying."""
+    """For matmul operands: a 2-D tensor that is the transpose of its whole base, or
+    of a 2-D reshape of it (``x.view(-1, n).t()``, a weight gradient's input), is read
+    as (that matrix, True) so the kernel transposes the tile view instead of copying."""
     if t.device == NNTILE and t.dim() == 2 and not (t.is_conj() or t.is_neg()):
-        base = _buf(t).node
-        st = t.stride()
-        if (len(base.shape) == 2 and t.storage_offset() == 0 and base.shape == (t.shape[1], t.shape[0])
-                and st == (1, t.shape[0]) and t.shape[0] != 1 and t.shape[1] != 1):
-            return base, True
+        m, n = t.shape
+        if t.storage_offset() == 0 and t.stride() == (1, m) and m != 1 and n != 1:
+            buf = _buf(t)
+            base = buf.node
+            if base.shape == (n, m):
+                return base, True
+            if base.numel == m * n:
+                return _view(buf, ((n, m), (m, 1), 0)), True
     return read(t), False
 
 
