@@ -521,6 +521,29 @@ def test_foreach_alike_0_dim_elements_match_cpu():
         assert_close(g.cpu(), w)
 
 
+def test_foreach_repeated_call_takes_the_learned_kernel():
+    """A call whose elements have the signature of an earlier call's (an optimizer's next
+    step) takes the kernel learned then: no probe op is recorded beside its ``foreach``
+    op. Another scalar, or elements of another dtype, probe again. Values are CPU's."""
+    from torch_nntile.backend import table_foreach
+    table_foreach._PROBED.clear()  # kernels learned by earlier tests
+    g = torch.Generator().manual_seed(19)
+    cs = [torch.rand(3, 4, generator=g) + 0.5 for _ in range(3)]
+    ci = [torch.arange(12).reshape(3, 4) + i for i in range(3)]
+    ns, ni = [t.to("nntile") for t in cs], [t.to("nntile") for t in ci]
+    pending = []
+    for lists, scalar in ((ns, 0.75), (ns, 0.75), (ns, 0.5), (ni, 3), (ni, 3)):
+        torch_nntile.execute()
+        torch._foreach_mul_(lists, scalar)
+        pending.append(torch_nntile.pending_op_names())
+    assert pending == [["mul", "mul"], ["mul"], ["mul", "mul"], ["mul", "mul"], ["mul"]]
+    for lists, scalar in ((cs, 0.75), (cs, 0.75), (cs, 0.5), (ci, 3), (ci, 3)):
+        torch._foreach_mul_(lists, scalar)
+    for w, got in zip(cs + ci, ns + ni):
+        assert got.dtype == w.dtype
+        assert_close(got.cpu(), w)
+
+
 def test_foreach_broadcast_growing_an_element_raises_as_on_cpu():
     """In place, an element whose result outgrows it raises as on CPU, after the elements
     before it were updated."""

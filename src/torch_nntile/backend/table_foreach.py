@@ -181,8 +181,8 @@ def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws
     if in_place and _aliased(bufs):
         return None
     values: list[Any] = [None] * len(pos)
-    for idx in groups.values():
-        got = _record_alike(fn, [pos[i] for i in idx], [kws[i] for i in idx], [tensors[i] for i in idx],
+    for sig, idx in groups.items():
+        got = _record_alike(fn, sig, [pos[i] for i in idx], [kws[i] for i in idx], [tensors[i] for i in idx],
                             [bufs[i] for i in idx])
         if got is None:
             return None
@@ -191,35 +191,59 @@ def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws
     if not in_place:
         return [new_tensor(v) for v in values]
     targets = [p[0] for p in pos]
-    if any(inplace_error(t, v) is not None for t, v in zip(targets, values)):
+    # a whole contiguous target given a value of its shape and dtype takes it as its
+    # node (what ``write`` does then); others go through the checks and ``write``
+    whole = [v.dtype is t.dtype and v.shape == bs[0].node.shape == t.shape and t.is_contiguous()
+             for t, v, bs in zip(targets, values, bufs)]
+    if any(inplace_error(t, v) is not None for t, v, w in zip(targets, values, whole) if not w):
         return None  # element by element, each raising as its op would (the ops recorded are left unread)
-    for t, v in zip(targets, values):
-        write(t, v)
+    for t, v, bs, w in zip(targets, values, bufs, whole):
+        if w:
+            bs[0].node = v
+            bs[0].views = None
+        else:
+            write(t, v)
     return targets
 
 
-def _record_alike(fn: Callable[..., DataNode], pos: list[tuple], kws: list[dict[str, Any]],
+# (form, signature, keyword names, default dtype) -> the (kernel, name, dtype) its probe
+# recorded: an optimizer's calls repeat every step, most with the same scalars.
+_PROBED: dict[tuple[Any, ...], tuple[Any, str, torch.dtype]] = {}
+_PROBED_MAX = 256  # distinct signatures kept (changing scalars, e.g. bias corrections, make new ones)
+
+
+def _record_alike(fn: Callable[..., DataNode], sig: tuple[Any, ...], pos: list[tuple], kws: list[dict[str, Any]],
                   tensors: list[list[torch.Tensor]], bufs: list[list[Any]]) -> list[DataNode] | None:
-    """The results of alike elements: one ``foreach`` op where the element op is one map
-    of the element's tensors (``tensors``, their payloads ``bufs``), in order, whose
-    kernel is made from the arguments alone (``call_out``). The first element runs the
-    form to learn that kernel; that op's result is left unread (it is pruned) unless it
-    is the only element."""
-    try:
-        probe = fn(*pos[0], **kws[0])
-    except NotNative:
-        return None
-    if len(pos) == 1:
-        return [probe]
-    op = probe.op
-    if op is None or op.opdef is not MAP or op.outputs[0] is not probe or getattr(op.attrs[0], "fn", None) is not call_out:
-        return None
+    """The results of alike elements (signature ``sig``): one ``foreach`` op where the
+    element op is one map of the element's tensors (``tensors``, their payloads
+    ``bufs``), in order, whose kernel is made from the arguments alone (``call_out``).
+    The first element runs the form to learn that kernel (its op is left unread and
+    pruned, unless it is the only element); a later call with the same signature takes
+    the kernel learned then, since the signature is all the kernel depends on."""
+    key = (fn, sig, tuple(kws[0]), torch.get_default_dtype())
+    known = _PROBED.get(key) if len(pos) > 1 else None
+    if known is None:
+        try:
+            probe = fn(*pos[0], **kws[0])
+        except NotNative:
+            return None
+        if len(pos) == 1:
+            return [probe]
+        op = probe.op
+        if (op is None or op.opdef is not MAP or op.outputs[0] is not probe
+                or getattr(op.attrs[0], "fn", None) is not call_out):
+            return None
     nodes = [[_read(a, b) for a, b in zip(ts, bs)] for ts, bs in zip(tensors, bufs)]
-    if op.inputs != tuple(nodes[0]):  # nodes compare by identity
-        return None
-    kernel, name = op.attrs
+    if known is None:
+        if op.inputs != tuple(nodes[0]):  # nodes compare by identity
+            return None
+        known = (*op.attrs, probe.dtype)
+        if len(_PROBED) >= _PROBED_MAX:
+            _PROBED.clear()
+        _PROBED[key] = known
+    kernel, name, dtype = known
     try:
-        return list(foreach_op(name, kernel, nodes, probe.dtype))
+        return list(foreach_op(name, kernel, nodes, dtype))
     except RuntimeError:  # shapes that do not broadcast: raised element by element, as the op would
         return None
 
