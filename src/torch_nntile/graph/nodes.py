@@ -9,6 +9,7 @@ its tiles go with it.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -50,10 +51,7 @@ class DataNode:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     def __repr__(self) -> str:
         src = self.op.label if self.op is not None else "materialized"

@@ -139,21 +139,33 @@ def reshape(x: DataNode, shape: tuple[int, ...]) -> DataNode:
     (scaled), unless tiled by name itself."""
     if shape == x.shape:
         return x
-    if math.prod(shape) != x.numel:
-        raise RuntimeError(f"shape {list(shape)} is invalid for input of size {x.numel}")
-    axes: list[AxisGroup | None] = [None] * len(shape)
-    blocks = _blocks(x.shape, shape) if x.numel else []
+    attrs, plan = _reshape_plan(x.shape, shape)
+    xa = x.axes
+    full = tuple(new_group(s) if d is None else xa[d] if f == 0 else new_group(s, (xa[d], f))
+                 for s, (d, f) in zip(shape, plan))
+    return record(RESHAPE, (x,), attrs, [(shape, x.dtype, full)])[0]
+
+
+@lru_cache(maxsize=4096)
+def _reshape_plan(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple, tuple[tuple[int | None, int], ...]]:
+    """What ``reshape`` records for shape ``a`` to ``b`` (the same every step): the op's
+    blocks, and per output dim where its axis group comes from, ``(input dim, 0)`` for
+    the input's own group, ``(input dim, factor)`` for a new group deriving its tiling
+    from that one (see ``AxisGroup.derive``), ``(None, 0)`` for a new group."""
+    if math.prod(b) != math.prod(a):
+        raise RuntimeError(f"shape {list(b)} is invalid for input of size {math.prod(a)}")
+    plan: list[tuple[int | None, int]] = [(None, 0)] * len(b)
+    blocks = _blocks(a, b) if math.prod(a) else []
     for ra, rb in blocks:
         if len(ra) == 1 and len(rb) == 1:
-            axes[rb[0]] = x.axes[ra[0]]
+            plan[rb[0]] = (ra[0], 0)
             continue
-        inner_in = math.prod(x.shape[d] for d in ra[1:])
-        inner_out = math.prod(shape[d] for d in rb[1:])
-        factor = inner_in // inner_out if inner_in >= inner_out else -(inner_out // inner_in)
+        inner_in = math.prod(a[d] for d in ra[1:])
+        inner_out = math.prod(b[d] for d in rb[1:])
         if inner_in % inner_out == 0 or inner_out % inner_in == 0:
-            axes[rb[0]] = new_group(shape[rb[0]], (x.axes[ra[0]], factor))
-    full = tuple(a if a is not None else new_group(s) for a, s in zip(axes, shape))
-    return record(RESHAPE, (x,), tuple((tuple(ra), tuple(rb)) for ra, rb in blocks), [(shape, x.dtype, full)])[0]
+            factor = inner_in // inner_out if inner_in >= inner_out else -(inner_out // inner_in)
+            plan[rb[0]] = (ra[0], factor)
+    return tuple((tuple(ra), tuple(rb)) for ra, rb in blocks), tuple(plan)
 
 
 # -- expand --------------------------------------------------------------------
@@ -279,6 +291,7 @@ AS_STRIDED_SCATTER = Op("as_strided_scatter", _lower_as_strided_scatter)
 # -- geometry decoding -----------------------------------------------------------
 
 
+@lru_cache(maxsize=4096)
 @lru_cache(maxsize=4096)
 def decode(base_shape: tuple[int, ...], sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> tuple | None:
     """Steps (R, perm, S, expand_to) such that view = expand(reshape(permute(reshape(base, R), perm), S)).
