@@ -292,7 +292,6 @@ AS_STRIDED_SCATTER = Op("as_strided_scatter", _lower_as_strided_scatter)
 
 
 @lru_cache(maxsize=4096)
-@lru_cache(maxsize=4096)
 def decode(base_shape: tuple[int, ...], sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> tuple | None:
     """Steps (R, perm, S, expand_to) such that view = expand(reshape(permute(reshape(base, R), perm), S)).
 
