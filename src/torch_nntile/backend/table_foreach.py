@@ -191,18 +191,10 @@ def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws
     if not in_place:
         return [new_tensor(v) for v in values]
     targets = [p[0] for p in pos]
-    # a whole contiguous target given a value of its shape and dtype takes it as its
-    # node (what ``write`` does then); others go through the checks and ``write``
-    whole = [v.dtype is t.dtype and v.shape == bs[0].node.shape == t.shape and t.is_contiguous()
-             for t, v, bs in zip(targets, values, bufs)]
-    if any(inplace_error(t, v) is not None for t, v, w in zip(targets, values, whole) if not w):
+    if any(inplace_error(t, v) is not None for t, v in zip(targets, values)):
         return None  # element by element, each raising as its op would (the ops recorded are left unread)
-    for t, v, bs, w in zip(targets, values, bufs, whole):
-        if w:
-            bs[0].node = v
-            bs[0].views = None
-        else:
-            write(t, v)
+    for t, v in zip(targets, values):
+        write(t, v)
     return targets
 
 

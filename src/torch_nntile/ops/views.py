@@ -152,10 +152,11 @@ def _reshape_plan(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple, tuple[
     blocks, and per output dim where its axis group comes from, ``(input dim, 0)`` for
     the input's own group, ``(input dim, factor)`` for a new group deriving its tiling
     from that one (see ``AxisGroup.derive``), ``(None, 0)`` for a new group."""
-    if math.prod(b) != math.prod(a):
-        raise RuntimeError(f"shape {list(b)} is invalid for input of size {math.prod(a)}")
+    n = math.prod(a)
+    if math.prod(b) != n:
+        raise RuntimeError(f"shape {list(b)} is invalid for input of size {n}")
     plan: list[tuple[int | None, int]] = [(None, 0)] * len(b)
-    blocks = _blocks(a, b) if math.prod(a) else []
+    blocks = _blocks(a, b) if n else []
     for ra, rb in blocks:
         if len(ra) == 1 and len(rb) == 1:
             plan[rb[0]] = (ra[0], 0)
