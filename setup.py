@@ -1,5 +1,7 @@
-"""Builds the StarPU shim (cffi API mode) and, where torch is importable at build time,
-the C++ view kernels (``backend/csrc/views.cpp``); metadata is in pyproject.toml.
+"""Builds the StarPU shim (cffi API mode), the structure key of compiles
+(``tiling/csrc/structure.c``, needing only Python's headers) and, where torch is
+importable at build time, the C++ view kernels (``backend/csrc/views.cpp``); metadata
+is in pyproject.toml.
 
 The view kernels are optional: a build without torch (the wheel's tools venv) leaves
 them out and the package registers the same kernels in Python."""
@@ -27,4 +29,7 @@ def _view_kernels() -> list[Extension]:
     )]
 
 
-setup(cffi_modules=["src/torch_nntile/runtime/_build_shim.py:ffibuilder"], ext_modules=_view_kernels())
+STRUCTURE = Extension("torch_nntile.tiling._structure", sources=["src/torch_nntile/tiling/csrc/structure.c"],
+                      extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"])
+
+setup(cffi_modules=["src/torch_nntile/runtime/_build_shim.py:ffibuilder"], ext_modules=[STRUCTURE, *_view_kernels()])

@@ -303,3 +303,79 @@ def test_ops_sharing_a_kernel_are_bound_apart_once_they_stop_sharing(steps):
         assert_close(ya.cpu(), x * a)
         assert_close(yb.cpu(), x * b)
     assert counts()[0] >= 3
+
+
+class _Def:
+    def __init__(self, binds_kernel: bool = False, binds_data: bool = False) -> None:
+        self.binds_kernel, self.binds_data = binds_kernel, binds_data
+
+
+class _Group:
+    def __init__(self, parent: _Group | None = None) -> None:
+        self.parent = parent
+
+
+class _Node:
+    def __init__(self, shape: tuple[int, ...], axes: tuple[_Group, ...]) -> None:
+        self.shape, self.dtype, self.axes = shape, torch.float32, axes
+
+
+class _Op:
+    def __init__(self, opdef: _Def, inputs: tuple[_Node, ...], attrs: object, outputs: tuple[_Node, ...]) -> None:
+        self.opdef, self.inputs, self.attrs, self.outputs = opdef, inputs, attrs, outputs
+
+
+def test_structure_key_parts_in_c():
+    """The key's C loop (``tiling/csrc/structure.c``) on stand-in ops: values numbered in
+    order (those from before the compile through ``outside``, negative), an output
+    flagged when this compile's readers are all that hold it, tilings looked up by root
+    group or planned, and attribute keys that tell apart what lowering could treat
+    differently (``1``, ``True``, ``1.0``, ``-0.0``)."""
+    from torch_nntile.tiling import _structure
+    from torch_nntile.tiling.reuse import Uncacheable, _attr_key, _op_attrs
+
+    root, other = _Group(), _Group()
+    child = _Group(_Group(root))  # two links from its root
+    plain, kernel = _Def(), _Def(binds_kernel=True)
+    ext = _Node((4,), (root,))  # a value from before the compile
+
+    def compile_ops() -> tuple[list[_Op], _Node]:
+        """Three ops; only the ops hold their outputs but for the last, which is returned."""
+        a = _Node((4,), (child,))
+        b = _Node((3, 4), (other, root))
+        kept = _Node((4,), (root,))
+        return [_Op(plain, (ext,), (1, (True, 2), None, "s"), (a,)),
+                _Op(kernel, (a, ext), ("a kernel", "add"), (b,)),
+                _Op(plain, (b,), (1.0, -0.0), (kept,))], kept
+
+    ops, kept = compile_ops()
+    planned: list[_Node] = []
+
+    def plan(n: _Node) -> tuple:
+        planned.append(n)
+        return ("planned", n.shape)
+
+    outside_calls: list[tuple] = []
+
+    def outside(n: _Node, tiling: object) -> int:
+        outside_calls.append((n, tiling))
+        return -len(outside_calls)
+
+    parts: list = []
+    assert _structure.parts(ops, parts, _op_attrs, _attr_key, plan, {root: (2, 2), other: (3,)}, outside) is None
+    assert outside_calls == [(ext, ((2, 2),))]  # once, with its tiling looked up
+    assert planned == []
+    f32 = torch.float32
+    assert parts == [  # numbers: ext -1, then the outputs 1, 2, 3 (values are numbered in one sequence)
+        (plain, (1, ((bool, True), 2), None, "s"), (-1,), (((4,), f32, ((2, 2),), True),)),
+        (kernel, "add", (1, -1), (((3, 4), f32, ((3,), (2, 2)), True),)),
+        (plain, ((float, (1.0).hex()), (float, (-0.0).hex())), (2,), (((4,), f32, ((2, 2),), False),)),
+    ]
+    assert kept.shape == (4,)
+
+    # an unknown root group is planned in Python; an error there or in a key propagates
+    parts = []
+    _structure.parts([_Op(plain, (), 0, (_Node((2,), (_Group(),)),))], parts, _op_attrs, _attr_key, plan, {}, outside)
+    assert len(planned) == 1 and parts[0][3][0][2] == ("planned", (2,))
+    with pytest.raises(Uncacheable):
+        _structure.parts([_Op(plain, (), object(), ())], [], _op_attrs, _attr_key, plan, {}, outside)

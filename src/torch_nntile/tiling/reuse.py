@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import enum
-import itertools
 import os
 import types
 from typing import Any
@@ -38,8 +37,9 @@ import torch
 
 from torch_nntile import stats
 from torch_nntile.graph.axes import describe
-from torch_nntile.graph.nodes import OpNode, outside_refs
+from torch_nntile.graph.nodes import OpNode
 from torch_nntile.kernels import CpuScalar, Gemm, Kernel, PackB
+from torch_nntile.tiling import _structure  # type: ignore[attr-defined]
 from torch_nntile.tiling.tiles import Given, Held, Lowering, TileArray
 
 MAX_TEMPLATES = 32  # structures kept (least recently used dropped): a loop has a few compiles a step
@@ -120,48 +120,28 @@ class Structure:
 
     def __init__(self, ops: list[OpNode], ctx: Lowering) -> None:
         plan = ctx.plan_tiling
-        readers = collections.Counter(map(id, itertools.chain.from_iterable([op.inputs for op in ops])))
-        number: dict[int, int] = {}  # id(node) -> its number (ids only: refcounts below must not see us)
-        numbered = number.get
-        tilings: dict[int, Any] = {}  # id(axes) -> planned tiling: values sharing their axes share it
         nodes: list[Any] = []
         values: list[TileArray] = []
         slot_of: dict[Any, int] = {}
         parts: list[Any] = [ctx.ncpu]
-        for op in ops:
-            ins = tuple(map(numbered, map(id, op.inputs)))
-            if None in ins:
-                ins = tuple([self._outside(n, number, nodes, values, slot_of, parts, plan) for n in op.inputs])
-            outs = []
-            for out, c in zip(op.outputs, outside_refs(op)):
-                key = id(out)
-                number[key] = len(number)
-                t = tilings.get(id(out.axes))
-                if t is None:
-                    t = tilings[id(out.axes)] = plan(out)
-                outs.append((out.shape, out.dtype, t, c == readers[key]))
-            parts.append((op.opdef, _op_attrs(op), ins, tuple(outs)))
+
+        def outside(n: Any, tiling: Any) -> int:
+            """Number input ``n``, a value from before the compile planned as ``tiling``:
+            its tiles, tiling and slots go in the key."""
+            arr = n.value
+            if arr is None:
+                raise Uncacheable("unlowered input")
+            nodes.append(n)
+            values.append(arr)
+            tiles = tuple([slot_of.setdefault(h, len(slot_of)) for h in arr.handles])
+            parts.append((n.shape, n.dtype, tiling, arr.tiling, tiles))
+            return -len(values)
+
+        _structure.parts(ops, parts, _op_attrs, _attr_key, plan, ctx.planned, outside)
         self.key = Key(tuple(parts))
         self.nodes = nodes
         self.values = values
         self.slot_of = slot_of
-
-    @staticmethod
-    def _outside(n: Any, number: dict[int, int], nodes: list[Any], values: list[TileArray],
-                 slot_of: dict[Any, int], parts: list[Any], plan: Any) -> int:
-        """The number of input ``n``, numbering it as a value from before the compile
-        (its tiles, tiling and slots in the key) when it is one."""
-        r = number.get(id(n))
-        if r is None:
-            arr = n.value
-            if arr is None:
-                raise Uncacheable("unlowered input")
-            r = number[id(n)] = ~len(values)
-            nodes.append(n)
-            values.append(arr)
-            tiles = tuple([slot_of.setdefault(h, len(slot_of)) for h in arr.handles])
-            parts.append((n.shape, n.dtype, plan(n), arr.tiling, tiles))
-        return r
 
 
 # -- kernels as recipes ----------------------------------------------------------------

@@ -183,7 +183,7 @@ class Lowering:
         self.tasks: list[tuple[KernelData, list[Any], list[int], list[TileSpec], str]] = []
         self.values: dict[Any, TileArray] = {}  # node -> value produced in this compile
         self.keep: list[TileArray] = []  # every array a task uses stays registered until submitted
-        self._tilings: dict[Any, tuple[int, ...]] = {}  # root group -> tile sizes
+        self.planned: dict[Any, tuple[int, ...]] = {}  # root group -> tile sizes, as planned so far
         self._node_tilings: dict[Any, Tiling] = {}
         self.labels: dict[int, str] = {}  # id(array) -> label of the op that produced it (for dumps)
         self.ncpu = rt.ncpu
@@ -212,9 +212,9 @@ class Lowering:
         out = []
         for ax in node.axes:
             r = ax.root()
-            t = self._tilings.get(r)
+            t = self.planned.get(r)
             if t is None:
-                t = tiling_of(r, self._tilings)
+                t = tiling_of(r, self.planned)
             out.append(t)
         return tuple(out)
 
