@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import pytest
 import torch
@@ -371,7 +372,15 @@ def test_structure_key_parts_in_c():
         (kernel, "add", (1, -1), (((3, 4), f32, ((3,), (2, 2)), True),)),
         (plain, ((float, (1.0).hex()), (float, (-0.0).hex())), (2,), (((4,), f32, ((2, 2),), False),)),
     ]
-    assert kept.shape == (4,)
+    # nothing leaks: the values, attributes and tilings hold as many references as before
+    outside_calls.clear()
+    watched = [ext, kept, kept.shape, ops[0].attrs, ops[0].attrs[1], ops[1].outputs[0], root, other, plain, kernel]
+    before = [sys.getrefcount(x) for x in watched]
+    for _ in range(100):
+        outside_calls.clear()
+        _structure.parts(ops, [], _op_attrs, _attr_key, plan, {root: (2, 2), other: (3,)}, outside)
+    outside_calls.clear()
+    assert [sys.getrefcount(x) for x in watched] == before
 
     # an unknown root group is planned in Python; an error there or in a key propagates
     parts = []
