@@ -317,8 +317,13 @@ class _Group:
 
 
 class _Node:
-    def __init__(self, shape: tuple[int, ...], axes: tuple[_Group, ...]) -> None:
-        self.shape, self.dtype, self.axes = shape, torch.float32, axes
+    def __init__(self, shape: tuple[int, ...], axes: tuple[_Group, ...], value: object = None) -> None:
+        self.shape, self.dtype, self.axes, self.value = shape, torch.float32, axes, value
+
+
+class _Tiles:
+    def __init__(self, handles: list[object], tiling: tuple) -> None:
+        self.handles, self.tiling = handles, tiling
 
 
 class _Op:
@@ -328,7 +333,7 @@ class _Op:
 
 def test_structure_key_parts_in_c():
     """The key's C loop (``tiling/csrc/structure.c``) on stand-in ops: values numbered in
-    order (those from before the compile through ``outside``, negative), an output
+    order (those from before the compile negative, with their tiles' slots), an output
     flagged when this compile's readers are all that hold it, tilings looked up by root
     group or planned, and attribute keys that tell apart what lowering could treat
     differently (``1``, ``True``, ``1.0``, ``-0.0``)."""
@@ -338,7 +343,9 @@ def test_structure_key_parts_in_c():
     root, other = _Group(), _Group()
     child = _Group(_Group(root))  # two links from its root
     plain, kernel = _Def(), _Def(binds_kernel=True)
-    ext = _Node((4,), (root,))  # a value from before the compile
+    h1, h2 = object(), object()  # tile handles
+    ext_tiles = _Tiles([h1, h2, h1], ((1, 2, 1),))
+    ext = _Node((4,), (root,), ext_tiles)  # a value from before the compile, its first and last tile shared
 
     def compile_ops() -> tuple[list[_Op], _Node]:
         """Three ops; only the ops hold their outputs but for the last, which is returned."""
@@ -356,35 +363,39 @@ def test_structure_key_parts_in_c():
         planned.append(n)
         return ("planned", n.shape)
 
-    outside_calls: list[tuple] = []
-
-    def outside(n: _Node, tiling: object) -> int:
-        outside_calls.append((n, tiling))
-        return -len(outside_calls)
+    def key(parts: list, ops: list[_Op] = ops, known: dict | None = None) -> tuple[list, list, dict]:
+        nodes, values, slot_of = [], [], {}
+        known = {root: (2, 2), other: (3,)} if known is None else known
+        assert _structure.parts(ops, parts, _op_attrs, _attr_key, plan, known,
+                                (nodes, values, slot_of, Uncacheable)) is None
+        return nodes, values, slot_of
 
     parts: list = []
-    assert _structure.parts(ops, parts, _op_attrs, _attr_key, plan, {root: (2, 2), other: (3,)}, outside) is None
-    assert outside_calls == [(ext, ((2, 2),))]  # once, with its tiling looked up
+    nodes, values, slot_of = key(parts)
+    assert nodes == [ext] and values == [ext_tiles] and slot_of == {h1: 0, h2: 1}
     assert planned == []
     f32 = torch.float32
     assert parts == [  # numbers: ext -1, then the outputs 1, 2, 3 (values are numbered in one sequence)
+        ((4,), f32, ((2, 2),), ((1, 2, 1),), (0, 1, 0)),  # ext: shape, dtype, planned tiling, its tiling, slots
         (plain, (1, ((bool, True), 2), None, "s"), (-1,), (((4,), f32, ((2, 2),), True),)),
         (kernel, "add", (1, -1), (((3, 4), f32, ((3,), (2, 2)), True),)),
         (plain, ((float, (1.0).hex()), (float, (-0.0).hex())), (2,), (((4,), f32, ((2, 2),), False),)),
     ]
     # nothing leaks: the values, attributes and tilings hold as many references as before
-    outside_calls.clear()
-    watched = [ext, kept, kept.shape, ops[0].attrs, ops[0].attrs[1], ops[1].outputs[0], root, other, plain, kernel]
+    del nodes, values, slot_of
+    watched = [ext, ext_tiles, h1, kept, kept.shape, ops[0].attrs, ops[0].attrs[1], ops[1].outputs[0], root, other,
+               plain, kernel]
     before = [sys.getrefcount(x) for x in watched]
     for _ in range(100):
-        outside_calls.clear()
-        _structure.parts(ops, [], _op_attrs, _attr_key, plan, {root: (2, 2), other: (3,)}, outside)
-    outside_calls.clear()
+        key([])
     assert [sys.getrefcount(x) for x in watched] == before
 
-    # an unknown root group is planned in Python; an error there or in a key propagates
+    # an unknown root group is planned in Python; an error there, in a key or a value
+    # from before with no tiles yet propagates
     parts = []
-    _structure.parts([_Op(plain, (), 0, (_Node((2,), (_Group(),)),))], parts, _op_attrs, _attr_key, plan, {}, outside)
+    key(parts, [_Op(plain, (), 0, (_Node((2,), (_Group(),)),))], {})
     assert len(planned) == 1 and parts[0][3][0][2] == ("planned", (2,))
     with pytest.raises(Uncacheable):
-        _structure.parts([_Op(plain, (), object(), ())], [], _op_attrs, _attr_key, plan, {}, outside)
+        key([], [_Op(plain, (), object(), ())])
+    with pytest.raises(Uncacheable, match="unlowered input"):
+        key([], [_Op(plain, (_Node((4,), (root,)),), 0, ())])

@@ -119,29 +119,13 @@ class Structure:
     __slots__ = ("key", "nodes", "values", "slot_of")
 
     def __init__(self, ops: list[OpNode], ctx: Lowering) -> None:
-        plan = ctx.plan_tiling
-        nodes: list[Any] = []
-        values: list[TileArray] = []
-        slot_of: dict[Any, int] = {}
+        self.nodes: list[Any] = []
+        self.values: list[TileArray] = []
+        self.slot_of: dict[Any, int] = {}
         parts: list[Any] = [ctx.ncpu]
-
-        def outside(n: Any, tiling: Any) -> int:
-            """Number input ``n``, a value from before the compile planned as ``tiling``:
-            its tiles, tiling and slots go in the key."""
-            arr = n.value
-            if arr is None:
-                raise Uncacheable("unlowered input")
-            nodes.append(n)
-            values.append(arr)
-            tiles = tuple([slot_of.setdefault(h, len(slot_of)) for h in arr.handles])
-            parts.append((n.shape, n.dtype, tiling, arr.tiling, tiles))
-            return -len(values)
-
-        _structure.parts(ops, parts, _op_attrs, _attr_key, plan, ctx.planned, outside)
+        _structure.parts(ops, parts, _op_attrs, _attr_key, ctx.plan_tiling, ctx.planned,
+                         (self.nodes, self.values, self.slot_of, Uncacheable))
         self.key = Key(tuple(parts))
-        self.nodes = nodes
-        self.values = values
-        self.slot_of = slot_of
 
 
 # -- kernels as recipes ----------------------------------------------------------------

@@ -5,8 +5,8 @@
    reads and, per output, shape, dtype, planned tiling and whether anything outside the
    compile holds it. In Python that loop cost 1-2 us a value: 3.4 ms a step of a small
    GPT-2 (an optimizer step alone has 450 outputs). Here the loop runs with no bytecode;
-   what needs Python (an op's attribute key, a tiling plan, numbering a value from before
-   the compile) is called back.
+   what needs Python (the key of an attribute that is not plain data, the plan of an
+   axis group not planned yet) is called back.
 
    Values are numbered by address in a table of our own, not in a dict: a dict would
    hold references to the values, and the key reads their reference counts. */
@@ -232,18 +232,87 @@ static PyObject *tuple_attr(PyObject *obj, PyObject *name)
     return v;
 }
 
-/* parts(ops, parts, op_attrs, attr_key, plan, known, outside): append each op's part to
-   list ``parts``: (opdef, op_attrs(op), input numbers, outputs), an output being (shape, dtype,
-   tiling, held only by this compile's readers). An input no earlier op made is numbered
-   by outside(node, tiling) (which may append a part of its own first). A tiling is
+static PyObject *s_value, *s_handles, *s_tiling;
+
+/* Number input n, a value from before the compile planned as ``tiling``: append it to
+   ``nodes``, its tile array to ``values``, and its part (shape, dtype, tiling, the
+   array's tiling, the slot of each tile: ``slot_of`` numbers tile handles) to
+   ``parts``; its number is minus how many such values there are. A value with no
+   tiles yet raises ``unlowered``. Returns 0, or -1 with an error set. */
+static int number_outside(PyObject *n, PyObject *tiling, PyObject *nodes, PyObject *values, PyObject *slot_of,
+                          PyObject *parts, PyObject *unlowered, Py_ssize_t *number)
+{
+    PyObject *arr = PyObject_GetAttr(n, s_value);
+    if (arr == NULL)
+        return -1;
+    if (arr == Py_None) {
+        Py_DECREF(arr);
+        PyErr_SetString(unlowered, "unlowered input");
+        return -1;
+    }
+    PyObject *handles = NULL, *seq = NULL, *tiles = NULL, *shape = NULL, *dtype = NULL, *arr_tiling = NULL;
+    PyObject *part = NULL;
+    int rc = -1;
+    if (PyList_Append(nodes, n) < 0 || PyList_Append(values, arr) < 0)
+        goto out;
+    handles = PyObject_GetAttr(arr, s_handles);
+    seq = handles ? PySequence_Fast(handles, "structure: handles is not a sequence") : NULL;
+    if (seq == NULL)
+        goto out;
+    Py_ssize_t nh = PySequence_Fast_GET_SIZE(seq);
+    if ((tiles = PyTuple_New(nh)) == NULL)
+        goto out;
+    for (Py_ssize_t k = 0; k < nh; k++) {
+        PyObject *h = PySequence_Fast_GET_ITEM(seq, k);
+        PyObject *slot = PyDict_GetItemWithError(slot_of, h);  /* borrowed */
+        if (slot == NULL) {
+            if (PyErr_Occurred())
+                goto out;
+            PyObject *fresh = PyLong_FromSsize_t(PyDict_GET_SIZE(slot_of));
+            if (fresh == NULL || PyDict_SetItem(slot_of, h, fresh) < 0) {
+                Py_XDECREF(fresh);
+                goto out;
+            }
+            Py_DECREF(fresh);
+            slot = fresh;  /* the dict holds it */
+        }
+        Py_INCREF(slot);
+        PyTuple_SET_ITEM(tiles, k, slot);
+    }
+    shape = PyObject_GetAttr(n, s_shape);
+    dtype = shape ? PyObject_GetAttr(n, s_dtype) : NULL;
+    arr_tiling = dtype ? PyObject_GetAttr(arr, s_tiling) : NULL;
+    part = arr_tiling ? PyTuple_Pack(5, shape, dtype, tiling, arr_tiling, tiles) : NULL;
+    if (part == NULL || PyList_Append(parts, part) < 0)
+        goto out;
+    *number = -PyList_GET_SIZE(values);
+    rc = 0;
+out:
+    Py_DECREF(arr);
+    Py_XDECREF(handles);
+    Py_XDECREF(seq);
+    Py_XDECREF(tiles);
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(arr_tiling);
+    Py_XDECREF(part);
+    return rc;
+}
+
+/* parts(ops, parts, op_attrs, attr_key, plan, known, (nodes, values, slot_of, unlowered)):
+   append each op's part to list ``parts``: (opdef, op_attrs(op), input numbers,
+   outputs), an output being (shape, dtype, tiling, held only by this compile's
+   readers). An input no earlier op made is numbered by number_outside (which appends
+   a part of its own first). A tiling is
    looked up per root axis group in ``known`` or else is plan(node), once per axes
    tuple (the values hold their axes while this runs). */
 static PyObject *parts(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *ops, *out_parts, *attrs_fn, *key_fn, *plan_fn, *known, *outside_fn;
-    if (!PyArg_ParseTuple(args, "O!O!OOOO!O", &PyList_Type, &ops, &PyList_Type, &out_parts, &attrs_fn, &key_fn,
-                          &plan_fn, &PyDict_Type, &known, &outside_fn))
+    PyObject *ops, *out_parts, *attrs_fn, *key_fn, *plan_fn, *known, *nodes, *values, *slot_of, *unlowered;
+    if (!PyArg_ParseTuple(args, "O!O!OOOO!(O!O!O!O)", &PyList_Type, &ops, &PyList_Type, &out_parts, &attrs_fn,
+                          &key_fn, &plan_fn, &PyDict_Type, &known, &PyList_Type, &nodes, &PyList_Type, &values,
+                          &PyDict_Type, &slot_of, &unlowered))
         return NULL;
     Py_ssize_t nops = PyList_GET_SIZE(ops);
     table readers, number, tilings;
@@ -289,13 +358,10 @@ static PyObject *parts(PyObject *self, PyObject *args)
                 PyObject *axes = PyObject_GetAttr(n, s_axes);
                 PyObject *tiling = axes ? tiling_of(n, axes, known, plan_fn) : NULL;
                 Py_XDECREF(axes);
-                PyObject *got = tiling ? PyObject_CallFunctionObjArgs(outside_fn, n, tiling, NULL) : NULL;
+                int bad = tiling == NULL
+                          || number_outside(n, tiling, nodes, values, slot_of, out_parts, unlowered, &r) < 0;
                 Py_XDECREF(tiling);
-                if (got == NULL)
-                    goto op_done;
-                r = PyLong_AsSsize_t(got);
-                Py_DECREF(got);
-                if (r == -1 && PyErr_Occurred())
+                if (bad)
                     goto op_done;
                 if (table_set(&number, n, r) < 0)
                     goto op_done;
@@ -393,7 +459,9 @@ PyMODINIT_FUNC PyInit__structure(void)
         || !(s_dtype = PyUnicode_InternFromString("dtype")) || !(s_axes = PyUnicode_InternFromString("axes"))
         || !(s_parent = PyUnicode_InternFromString("parent"))
         || !(s_binds_kernel = PyUnicode_InternFromString("binds_kernel"))
-        || !(s_binds_data = PyUnicode_InternFromString("binds_data")))
+        || !(s_binds_data = PyUnicode_InternFromString("binds_data"))
+        || !(s_value = PyUnicode_InternFromString("value")) || !(s_handles = PyUnicode_InternFromString("handles"))
+        || !(s_tiling = PyUnicode_InternFromString("tiling")))
         return NULL;
     return PyModule_Create(&module);
 }
