@@ -326,8 +326,23 @@ class Runtime:
         handle: the values that need it fail when read (``TileMemoryError``).
         """
         stats.tiles_added(len(sizes))
-        handle = self._handle
-        return [handle((max(n, 1), elemsize)) for n in sizes]
+        keys = [(max(n, 1), elemsize) for n in sizes]
+        wanted, compiles = self._wanted, self._compiles
+        out: list[Any] = []
+        missed = 0
+        with self._spare_lock:  # once for the value's spares, not once a tile
+            spares = self._spares
+            for key in keys:
+                wanted[key] = compiles
+                free = spares.get(key)
+                if free:
+                    out.append(free.pop(0))  # the longest dead: its last readers are the likeliest done
+                else:
+                    out.append(None)
+                    missed += 1
+        if missed:
+            out = [self._handle(k) if h is None else h for h, k in zip(out, keys)]
+        return out
 
     def _handle(self, key: tuple[int, int]) -> Any:
         elemsize = key[1]

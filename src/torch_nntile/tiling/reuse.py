@@ -236,8 +236,8 @@ def _has_scalar(x: Any) -> bool:
 class Template:
     """A lowered compile with its tiles as slots and its kernels as recipes."""
 
-    __slots__ = ("kernels", "holes", "deps", "same", "cooked", "tasks", "fresh", "arrays", "temps", "retiles",
-                 "nslots", "batch", "users")
+    __slots__ = ("kernels", "holes", "deps", "same", "cooked", "tasks", "fresh", "fresh_by_size", "arrays", "temps",
+                 "retiles", "nslots", "batch", "users")
 
     kernels: tuple[Any, ...]  # recipes
     holes: tuple[_Hole, ...]  # where the recipes' values come from, by number
@@ -246,6 +246,7 @@ class Template:
     cooked: tuple[list[Any], list[Any]] | None  # the holes' values and the kernels made of them, last binding
     tasks: tuple[tuple[int, tuple[int, ...], list[int], list[Any], str], ...]  # kernel, slots, modes, specs, name
     fresh: tuple[tuple[int, int], ...]  # per new slot, (items, item size)
+    fresh_by_size: tuple[tuple[int, tuple[int, ...], list[int]], ...]  # item size, its new slots, their items
     arrays: tuple[tuple[Any, ...], ...]  # shape, dtype, tiling, own slots | None, base, order, (op, output), label
     temps: tuple[int, ...]  # new slots no value keeps: released once the tasks were submitted
     retiles: tuple[tuple[str, tuple[int, int], int], ...]  # re-tilings counted: op, (op, output) re-tiled, dim
@@ -359,6 +360,10 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure) -> Template:
     t.cooked = None
     t.tasks = tuple(tasks)
     t.fresh = tuple(fresh)
+    by_size: dict[int, list[int]] = {}
+    for k, (_, elemsize) in enumerate(fresh):
+        by_size.setdefault(elemsize, []).append(k)
+    t.fresh_by_size = tuple((elemsize, tuple(ks), [fresh[k][0] for k in ks]) for elemsize, ks in by_size.items())
     t.arrays = tuple(tuple(a) for a in arrays)
     t.temps = tuple(s for s in range(n_ext, len(slot_of)) if s not in owned)
     try:
@@ -377,11 +382,8 @@ def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) ->
     for h, s in st.slot_of.items():
         slots[s] = h
     n_ext = len(st.slot_of)
-    by_size: dict[int, list[int]] = {}
-    for k, (_, elemsize) in enumerate(t.fresh):
-        by_size.setdefault(elemsize, []).append(k)
-    for elemsize, ks in by_size.items():
-        for k, h in zip(ks, rt.register_many([t.fresh[k][0] for k in ks], elemsize)):
+    for elemsize, ks, sizes in t.fresh_by_size:
+        for k, h in zip(ks, rt.register_many(sizes, elemsize)):
             slots[n_ext + k] = h
     keep = ctx.keep
     keep.extend(st.values)
