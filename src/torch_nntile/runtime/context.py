@@ -340,18 +340,13 @@ class Runtime:
                 else:
                     out.append(None)
                     missed += 1
-        if missed:
-            out = [self._handle(k) if h is None else h for h, k in zip(out, keys)]
+        if missed:  # registered outside the lock: freeing the spares to find memory takes it
+            out = [self._register(k) if h is None else h for h, k in zip(out, keys)]
         return out
 
-    def _handle(self, key: tuple[int, int]) -> Any:
+    def _register(self, key: tuple[int, int]) -> Any:
+        """A new handle of ``key``'s size (items, item size), with memory where there is some."""
         elemsize = key[1]
-        self._wanted[key] = self._compiles
-        if key in self._spares:
-            with self._spare_lock:
-                spares = self._spares.get(key)
-                if spares:
-                    return spares.pop(0)  # the longest dead: its last readers are the likeliest done
         ok = self._alloc_ok
         h = self.lib.tnt_register(key[0], elemsize, ok)
         if not ok[0] and self._spares:  # as PyTorch's caching allocators do: free the cache, try again

@@ -98,7 +98,9 @@ static int table_set(table *t, const void *key, Py_ssize_t val)
 
 /* -- the key ------------------------------------------------------------------------ */
 
-static PyObject *s_inputs, *s_outputs, *s_opdef, *s_shape, *s_dtype, *s_axes, *s_parent;
+/* Attribute names, interned once (PyInit__structure). */
+static PyObject *s_inputs, *s_outputs, *s_opdef, *s_attrs, *s_shape, *s_dtype, *s_axes, *s_parent, *s_binds_kernel,
+    *s_binds_data, *s_value, *s_handles, *s_tiling;
 
 /* The planned tiling of a value with these axes, where ``known`` (root axis group ->
    tile sizes) has every group's: a new reference; NULL with no error set where a group
@@ -137,8 +139,6 @@ static PyObject *known_tiling(PyObject *axes, PyObject *known)
     }
     return out;
 }
-
-static PyObject *s_binds_kernel, *s_binds_data;
 
 /* reuse._attr_key(x) (see there) for the plain data of most attributes: ints, strings,
    None, bools and tuples of those; anything else is the Python function's (``slow``). */
@@ -188,7 +188,7 @@ static PyObject *attr_key(PyObject *x, PyObject *slow)
    than plain data are the Python function's (``slow_op``). */
 static PyObject *op_attrs(PyObject *op, PyObject *opdef, PyObject *slow_op, PyObject *slow)
 {
-    PyObject *attrs = PyObject_GetAttrString(op, "attrs");
+    PyObject *attrs = PyObject_GetAttr(op, s_attrs);
     if (attrs == NULL)
         return NULL;
     PyObject *bk = PyObject_GetAttr(opdef, s_binds_kernel);
@@ -231,8 +231,6 @@ static PyObject *tuple_attr(PyObject *obj, PyObject *name)
     }
     return v;
 }
-
-static PyObject *s_value, *s_handles, *s_tiling;
 
 /* Number input n, a value from before the compile planned as ``tiling``: append it to
    ``nodes``, its tile array to ``values``, and its part (shape, dtype, tiling, the
@@ -454,14 +452,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_structure", NULL, -
 
 PyMODINIT_FUNC PyInit__structure(void)
 {
-    if (!(s_inputs = PyUnicode_InternFromString("inputs")) || !(s_outputs = PyUnicode_InternFromString("outputs"))
-        || !(s_opdef = PyUnicode_InternFromString("opdef")) || !(s_shape = PyUnicode_InternFromString("shape"))
-        || !(s_dtype = PyUnicode_InternFromString("dtype")) || !(s_axes = PyUnicode_InternFromString("axes"))
-        || !(s_parent = PyUnicode_InternFromString("parent"))
-        || !(s_binds_kernel = PyUnicode_InternFromString("binds_kernel"))
-        || !(s_binds_data = PyUnicode_InternFromString("binds_data"))
-        || !(s_value = PyUnicode_InternFromString("value")) || !(s_handles = PyUnicode_InternFromString("handles"))
-        || !(s_tiling = PyUnicode_InternFromString("tiling")))
-        return NULL;
+    struct { PyObject **at; const char *name; } names[] = {
+        {&s_inputs, "inputs"}, {&s_outputs, "outputs"}, {&s_opdef, "opdef"}, {&s_attrs, "attrs"},
+        {&s_shape, "shape"}, {&s_dtype, "dtype"}, {&s_axes, "axes"}, {&s_parent, "parent"},
+        {&s_binds_kernel, "binds_kernel"}, {&s_binds_data, "binds_data"}, {&s_value, "value"},
+        {&s_handles, "handles"}, {&s_tiling, "tiling"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if ((*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL)
+            return NULL;
     return PyModule_Create(&module);
 }
