@@ -9,7 +9,8 @@ export STARPU_SILENT ?= 1
 .PHONY: setup demo test test-all test-check test-stress test-wheel wheel bench soak lint clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py $(wildcard src/torch_nntile/runtime/csrc/*) \
-		$(wildcard src/torch_nntile/backend/csrc/*) $(wildcard src/torch_nntile/tiling/csrc/*)
+		$(wildcard src/torch_nntile/backend/csrc/*) $(wildcard src/torch_nntile/tiling/csrc/*) \
+		$(wildcard src/torch_nntile/graph/csrc/*)
 	@pkg-config --exists starpu-1.3 || pkg-config --exists starpu-1.4 || \
 		{ echo "installing StarPU (libstarpu-dev)"; \
 		  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq libstarpu-dev pkg-config; \
@@ -64,4 +65,4 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) build dist .starpu src/*.egg-info src/torch_nntile/runtime/_shim* \
-		src/torch_nntile/backend/_views*
+		src/torch_nntile/backend/_views* src/torch_nntile/tiling/_structure* src/torch_nntile/graph/_refs*

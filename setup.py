@@ -1,5 +1,6 @@
 """Builds the StarPU shim (cffi API mode), the structure key of compiles
-(``tiling/csrc/structure.c``, needing only Python's headers) and, where torch is
+(``tiling/csrc/structure.c``) and the graph's reference counts (``graph/csrc/refs.c``),
+both needing only Python's headers, and, where torch is
 importable at build time, the C++ view kernels (``backend/csrc/views.cpp``); metadata
 is in pyproject.toml.
 
@@ -32,4 +33,8 @@ def _view_kernels() -> list[Extension]:
 STRUCTURE = Extension("torch_nntile.tiling._structure", sources=["src/torch_nntile/tiling/csrc/structure.c"],
                       extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"])
 
-setup(cffi_modules=["src/torch_nntile/runtime/_build_shim.py:ffibuilder"], ext_modules=[STRUCTURE, *_view_kernels()])
+REFS = Extension("torch_nntile.graph._refs", sources=["src/torch_nntile/graph/csrc/refs.c"],
+                 extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"])
+
+setup(cffi_modules=["src/torch_nntile/runtime/_build_shim.py:ffibuilder"],
+      ext_modules=[STRUCTURE, REFS, *_view_kernels()])

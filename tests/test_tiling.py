@@ -114,6 +114,61 @@ def test_dead_ops_are_not_lowered():
     assert kernels["fill"]["tasks"] == 1 and "add" not in kernels
 
 
+class _Value:
+    __slots__ = ("op", "__weakref__")
+
+
+class _Step:
+    __slots__ = ("inputs", "outputs")
+
+    def __init__(self, inputs: tuple, noutputs: int) -> None:
+        self.inputs, self.outputs = inputs, tuple(_Value() for _ in range(noutputs))
+        for out in self.outputs:
+            out.op = self
+
+
+def test_outside_references_and_pruning_in_c():
+    """``graph/csrc/refs.c`` on stand-in ops: an output counts the references beyond its
+    op's (a variable, another op's inputs); pruning goes from the last op back, so an op
+    read only by dead ops dies too, and a dropped op lets go of its inputs and outputs
+    (no node <-> op cycle is left). Repeated calls leak no reference."""
+    import gc
+    import sys
+    import weakref
+
+    from torch_nntile.graph import _refs
+    from torch_nntile.graph.nodes import outside_refs, prune_dead
+
+    a = _Step((), 2)  # its second output is read by c, which is kept
+    b = _Step((a.outputs[0],), 1)  # read by no one: dead, and then so is a's first output
+    c = _Step((a.outputs[1],), 1)
+    d = _Step((c.outputs[0], c.outputs[0]), 1)  # read twice by dead d: c stays for `kept`
+    kept = c.outputs[0]
+    assert outside_refs(a) == [1, 1] and outside_refs(b) == [0] and outside_refs(c) == [3] and outside_refs(d) == [0]
+    watched = [a, b, c, d, kept, *a.outputs]
+    before = [sys.getrefcount(x) for x in watched]
+    for _ in range(100):
+        outside_refs(a)
+        assert _refs.prune_dead([a, c]) == ([a, c], 0)
+    assert [sys.getrefcount(x) for x in watched] == before
+    del watched, before
+    b_out = weakref.ref(b.outputs[0])
+    torch_nntile.reset_info()
+    gc.disable()
+    try:
+        assert prune_dead([a, b, c, d]) == [a, c]
+        assert b_out() is None  # freed by its reference count: it no longer holds b
+    finally:
+        gc.enable()
+    assert torch_nntile.info()["ops_pruned"] == 2
+    assert b.inputs == b.outputs == d.inputs == d.outputs == ()
+    assert outside_refs(a) == [0, 1] and outside_refs(c) == [1]  # b no longer reads a; d no longer reads c
+    with pytest.raises(TypeError, match="list of ops"):
+        _refs.prune_dead((a,))
+    with pytest.raises(AttributeError):
+        _refs.outside_refs(object())
+
+
 def test_head_split_keeps_the_hidden_tiling():
     """[B, S, H*D] -> [B, S, H, D] with hidden tiles on head boundaries: the heads dim
     takes the tiling (hidden tile / D), nothing is re-tiled, and merging back keeps it."""

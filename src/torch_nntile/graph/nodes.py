@@ -10,7 +10,6 @@ its tiles go with it.
 from __future__ import annotations
 
 import math
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -18,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from torch_nntile import stats
+from torch_nntile.graph import _refs  # type: ignore[attr-defined]
 from torch_nntile.graph.axes import AxisGroup, new_group
 
 
@@ -111,40 +111,22 @@ class TensorGraph:
             return list(self.pending)
 
 
-def _refs_when_unreferenced() -> int:
-    """What ``sys.getrefcount`` reports, inside ``outside_refs``'s loop, for an output
-    that only its op holds (measured, not assumed, as it varies across Pythons)."""
-    class Probe:
-        outputs = (object(),)
-        inputs = ()
-    counts = [sys.getrefcount(out) for op in [Probe] for out in op.outputs]
-    return counts[0]
-
-
-_UNREFERENCED = _refs_when_unreferenced()
-
-
 def outside_refs(op: OpNode) -> list[int]:
     """Per output of ``op``: the references to it beyond its op's own (tensors, views,
-    the inputs of other ops)."""
-    return [sys.getrefcount(out) - _UNREFERENCED for out in op.outputs]
+    the inputs of other ops). Read in C (``csrc/refs.c``), where no loop of ours holds
+    a reference to the outputs themselves."""
+    return _refs.outside_refs(op)
 
 
 def prune_dead(ops: list[OpNode]) -> list[OpNode]:
     """Drop the ops whose outputs nothing can read any more: no tensor, view or later
     op holds them (``torch.ones`` records a fill behind ``empty``'s dead zero fill).
     Ops are pure, so dropping one changes no result. Later ops go first, so a dead
-    op's release of its inputs can make earlier ones dead too."""
-    kept: list[OpNode] = []
-    for op in reversed(ops):
-        if all(n <= 0 for n in outside_refs(op)):
-            for out in op.outputs:
-                out.op = None  # no node <-> op cycle left for the garbage collector
-            op.inputs = op.outputs = ()
-            stats.COUNTS["ops_pruned"] += 1
-        else:
-            kept.append(op)
-    kept.reverse()
+    op's release of its inputs can make earlier ones dead too; a dropped op's outputs
+    lose their link to it, so no node <-> op cycle is left for the garbage collector."""
+    kept, pruned = _refs.prune_dead(ops)
+    if pruned:
+        stats.COUNTS["ops_pruned"] += pruned
     return kept
 
 

@@ -237,7 +237,7 @@ class Template:
     """A lowered compile with its tiles as slots and its kernels as recipes."""
 
     __slots__ = ("kernels", "holes", "deps", "same", "cooked", "tasks", "fresh", "fresh_by_size", "arrays", "temps",
-                 "retiles", "nslots", "batch", "users")
+                 "retiles", "nslots", "batch", "users", "key")
 
     kernels: tuple[Any, ...]  # recipes
     holes: tuple[_Hole, ...]  # where the recipes' values come from, by number
@@ -253,6 +253,7 @@ class Template:
     nslots: int
     batch: tuple[Any, list[Any]] | None  # what StarPU was last sent for these tasks (Runtime.prepare), and its kernels
     users: list[list[int]] | None  # per kernel, the tasks that run it (made when first needed)
+    key: Key  # its key in StepCache.templates: found by identity there, not by comparing all its parts again
 
     def tasks_of(self, k: int) -> list[int]:
         if self.users is None:
@@ -512,7 +513,7 @@ class StepCache:
                         self.seen.clear()
                     self.seen.add(h)
                 return False
-            self.templates.move_to_end(st.key)
+            self.templates.move_to_end(t.key)
             if any(a.value(ops) is not b.value(ops) for a, b in t.same):  # the recipes cannot tell them apart now
                 self._learn = st
                 return False
@@ -548,6 +549,7 @@ class StepCache:
                 stats.COUNTS["compiles_checked"] += 1
                 return
             self.seen.discard(st.key.hash)
+            t.key = st.key
             self.templates[st.key] = t
             if len(self.templates) > MAX_TEMPLATES:
                 self.templates.popitem(last=False)
