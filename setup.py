@@ -30,11 +30,10 @@ def _view_kernels() -> list[Extension]:
     )]
 
 
+PY_C_ARGS = ["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"]  # C modules over Python's API alone
 STRUCTURE = Extension("torch_nntile.tiling._structure", sources=["src/torch_nntile/tiling/csrc/structure.c"],
-                      extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"])
-
-REFS = Extension("torch_nntile.graph._refs", sources=["src/torch_nntile/graph/csrc/refs.c"],
-                 extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"])
+                      extra_compile_args=PY_C_ARGS)
+REFS = Extension("torch_nntile.graph._refs", sources=["src/torch_nntile/graph/csrc/refs.c"], extra_compile_args=PY_C_ARGS)
 
 setup(cffi_modules=["src/torch_nntile/runtime/_build_shim.py:ffibuilder"],
       ext_modules=[STRUCTURE, REFS, *_view_kernels()])
