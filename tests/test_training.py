@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import threading
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch_nntile
 from torch_nntile.graph.nodes import SESSION, DataNode
 from torch_nntile.nn.model import DeepReLU
 from torch_nntile.runtime.context import SPARE_COMPILES
+from torch_nntile.session import SESSION_STATE, THREAD_FLUSH_OPS
 
 
 def _train(tiling, loss_kind: str, steps: int = 20):
@@ -137,3 +139,57 @@ def test_repeated_steps_reuse_tile_memory():
     before = torch_nntile.info()["tiles_registered"]
     step(x)
     assert torch_nntile.info()["tiles_registered"] > before
+
+
+def test_a_new_recording_thread_submits_what_the_last_one_recorded():
+    """Recording on another thread first lowers and submits the pending graph of the
+    thread before it (``Session.thread_switched``) once it has THREAD_FLUSH_OPS ops; a
+    shorter graph waits. Values are those of CPU either way."""
+    x = torch.randn(6, 5)
+    xn = x.to("nntile")
+    torch_nntile.set_axis_group_name(xn, {0: "rows_thr"})
+    torch_nntile.set_axis_group_tiling("rows_thr", [4, 2])  # uneven tiles
+    for n, flushed in ((THREAD_FLUSH_OPS - 1, False), (THREAD_FLUSH_OPS + 3, True)):
+        torch_nntile.execute()
+        y, want = xn * 1.0, x * 1.0  # the first op makes this thread the last recorder
+        for _ in range(n - 1):
+            y, want = y * 0.5, want * 0.5
+        assert len(SESSION.pending) == n
+        out: list[torch.Tensor] = []
+        worker = threading.Thread(target=lambda: out.append(y.exp()))
+        worker.start()
+        worker.join()
+        assert len(SESSION.pending) == (1 if flushed else n + 1)
+        assert SESSION_STATE.thread == worker.ident
+        torch.testing.assert_close(out[0].cpu(), want.exp())
+
+
+def test_backward_and_the_optimizer_step_submit_the_phase_before_them():
+    """In a training step the forward is submitted when autograd's thread starts the
+    backward, and the backward when the optimizer step starts on this thread: the
+    loss's readout finds only the optimizer's ops pending. Results match CPU."""
+    torch.manual_seed(0)
+    model = DeepReLU(16, 32, 5, depth=10)
+    ref = copy.deepcopy(model)
+    model = model.to("nntile")
+    x, y = torch.randn(24, 16), torch.randint(0, 5, (24,))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    xn, yn = x.to("nntile"), y.to("nntile")
+    for _ in range(3):
+        torch_nntile.execute()
+        loss = F.cross_entropy(model(xn), yn)
+        forward = list(SESSION.pending)
+        loss.backward()
+        backward = list(SESSION.pending)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ref_loss = F.cross_entropy(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        assert len(forward) >= 16 and backward and not {id(op) for op in forward} & {id(op) for op in backward}
+        assert SESSION.pending and not {id(op) for op in backward} & {id(op) for op in SESSION.pending}
+        assert abs(loss.item() - ref_loss.item()) < 1e-5
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-5, atol=1e-6)

@@ -34,6 +34,9 @@ FLUSH_OPS = 256
 workers run the start of a long program (a forward pass) while Python records the
 rest, instead of waiting for the first read-back. Small graphs are not split, so
 they keep whole-graph pruning and fusion."""
+THREAD_FLUSH_OPS = 16
+"""Pending ops at which recording on a new thread first lowers and submits what the
+previous thread recorded (``Session.thread_switched``)."""
 
 
 class _GcPaused:
@@ -76,6 +79,8 @@ class Session:
         self._dumps = itertools.count()
         self.tracer: Any = None  # capture: sees every batch of tasks submitted and every value read back
         self.steps: StepCache | None = None  # lowered steps of this runtime, for reuse
+        self.thread = 0  # the thread that recorded the last op (see thread_switched)
+        self.thread_flush_ops = THREAD_FLUSH_OPS
 
     def init(self, ncpu: int, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
         if ncuda:
@@ -127,6 +132,19 @@ class Session:
                 self.flush_ops = sys.maxsize
                 return
             self.run()
+
+    def thread_switched(self, thread: int) -> None:
+        """An op is about to be recorded on ``thread``, another thread than the last op's.
+
+        In a training step that marks the end of a phase: ``loss.backward()`` records
+        on autograd's device thread once the forward is complete, and the optimizer
+        step on the caller's thread once the backward is. The workers start on the
+        finished phase while the next one is recorded, instead of waiting for the
+        readout at the end of the step (measured: the loss readout then waits for the
+        forward's last ops only). A graph of a few ops is left to grow."""
+        self.thread = thread
+        if len(SESSION.pending) >= self.thread_flush_ops:
+            self.flush_early()
 
     def _compile(self) -> None:
         with self.lock, SHIELD, GC_PAUSED:  # Ctrl-C waits for the end: stopped half-way, ops were lost

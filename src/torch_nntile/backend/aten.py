@@ -9,6 +9,7 @@ registered goes to the boxed fallback (``fallback.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from threading import get_ident
 from typing import Any
 
 import torch
@@ -57,6 +58,9 @@ def register(name: str, fn: Callable[..., Any]) -> None:
     overload = getattr(getattr(getattr(torch.ops, namespace), base), ov or "default")
 
     def recorded(*args: Any, **kw: Any) -> Any:
+        thread = get_ident()
+        if thread != state.thread:
+            state.thread_switched(thread)
         t0 = enter()
         try:
             out = fn(*args, **kw)
