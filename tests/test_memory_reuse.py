@@ -11,6 +11,8 @@ import torch
 from conftest import assert_close
 
 import torch_nntile
+from torch_nntile.session import SESSION_STATE
+from torch_nntile.tiling.tiles import REUSE_DISTANCE, W
 
 
 def _chain(x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
@@ -110,3 +112,26 @@ def test_heap_trimmed_while_the_workers_never_go_idle(monkeypatch):
         torch_nntile.execute()  # a compile, no wait
     assert counted.trims >= 3
     assert_close(x.cpu().isfinite().all(), torch.tensor(True))
+
+
+def test_a_freed_tile_waits_reuse_distance_tasks():
+    """A dead value's handle goes to a new value only REUSE_DISTANCE tasks after its
+    last reader: the new value's first write does not wait on work just queued, so
+    independent branches stay parallel. Reuse still happens, and values are CPU's."""
+    torch.manual_seed(2)
+    x, w = torch.randn(16, 16), torch.randn(16, 16) / 4
+    xd, wd = x.to("nntile"), w.to("nntile")
+    torch_nntile.execute()
+    got = _chain(xd, wd, 30)
+    torch_nntile.compile_graph()
+    last: dict[object, int] = {}  # handle -> index of the last task using it
+    gaps = []
+    for i, (_, handles, modes, _, _) in enumerate(SESSION_STATE.compiled.tasks):
+        for h, mode in zip(handles, modes):
+            if mode == W and h in last:  # a new value in a handle used before in this compile
+                gaps.append(i - last[h])
+            last[h] = i
+    torch_nntile.run()
+    assert gaps, "no tile was reused"
+    assert min(gaps) > REUSE_DISTANCE, gaps
+    assert_close(got.cpu(), _chain(x, w, 30))

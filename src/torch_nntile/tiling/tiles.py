@@ -21,6 +21,12 @@ from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
 from torch_nntile.runtime.interrupts import in_finalizer, install, interrupt_later
 
 Tiling = tuple[tuple[int, ...], ...]
+REUSE_DISTANCE = 8
+"""Tasks lowered after a value's last reader before its tiles' handles go to a new
+value of the same compile. StarPU orders a handle's tasks by submission, so a new
+value written at once into a handle just freed would wait for the old value's last
+reader: independent branches of a graph (the two products of a linear layer's
+backward, the chains of separate tiles) would run one after the other."""
 
 
 def offsets(sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -173,9 +179,9 @@ class Lowering:
 
     Memory is reused within a compile, as eager PyTorch frees a temporary once its
     last reader ran: a value made in this compile that nothing outside it holds gives
-    its tiles' handles, once its last reader is lowered, to the values lowered after
-    it. StarPU runs a handle's tasks in submission order, so the new value's first
-    write waits for the old value's last read.
+    its tiles' handles, REUSE_DISTANCE tasks after its last reader, to the values
+    lowered after that. StarPU runs a handle's tasks in submission order, so the new
+    value's first write waits for the old value's last read.
     """
 
     def __init__(self, rt: Runtime | PlanHandles) -> None:
@@ -234,15 +240,17 @@ class Lowering:
                 tiling(n)
 
     def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
-        """Handles for a new array: dead values' of this compile where there are, else the runtime's."""
+        """Handles for a new array: dead values' of this compile where there are (dead
+        for REUSE_DISTANCE tasks at least), else the runtime's."""
         pool = self._pool
         if not pool:
             return self.rt.register_many(sizes, elemsize)
         out = []
+        ripe = len(self.tasks) - REUSE_DISTANCE
         for n in sizes:
             free = pool.get((max(n, 1), elemsize))
-            if free:
-                out.append(free.pop(0))  # the longest dead: its readers are the likeliest done
+            if free and free[0][1] <= ripe:
+                out.append(free.pop(0)[0])  # the longest dead: its readers are the likeliest done
                 stats.tiles_added(1)
             else:
                 out.extend(self.rt.register_many([n], elemsize))
@@ -254,13 +262,13 @@ class Lowering:
         arr = self.values.get(node)
         if arr is None or arr.base is not None or id(arr) in self._viewed or not arr.handles:
             return
-        keep, pool, key_of = [], self._pool, self.rt.reuse_key
+        keep, pool, key_of, now = [], self._pool, self.rt.reuse_key, len(self.tasks)
         for h in arr.handles:
             key = key_of(h)
             if key is None:
                 keep.append(h)
             else:
-                pool.setdefault(key, []).append(h)
+                pool.setdefault(key, []).append((h, now))
         stats.tiles_added(len(keep) - len(arr.handles))
         arr.handles = keep
 
@@ -408,7 +416,7 @@ class Lowering:
 
     def _hold_pool(self) -> None:
         """Handles still in the pool stay held until this compile's tasks are submitted."""
-        left = [h for free in self._pool.values() for h in free]
+        left = [h for free in self._pool.values() for h, _ in free]
         self._pool = {}
         if left:
             self.keep.append(Held(self.rt, left))
