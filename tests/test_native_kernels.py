@@ -468,3 +468,43 @@ def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch):
     assert kernels[context.OTHER_C_TASKS]["tasks"] == 2, kernels  # the fused chain's two tiles, in C
     assert set(closures) == {"ingress", "readout"}, closures  # only these run as Python
     assert len(full) == context._GEMM_NAMES - 1
+
+
+@pytest.fixture
+def split_all():
+    """Every product large enough to split runs in two parts (restored after)."""
+    lib = SESSION_STATE.runtime().lib
+    lib.tnt_set_split_macs(0.0)
+    yield lib
+    lib.tnt_set_split_macs(1048576.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m,n", [(64, 40), (16, 48), (37, 33), (8, 8)], ids=["rows", "columns", "odd", "whole"])
+def test_products_in_two_parts(split_all, dtype, ta, tb, m, n):
+    """A product in two parts (by rows of the result, else its columns; a small one
+    whole), on one worker or half on an idle one while this thread waits: CPU's values,
+    and the same bits each time, whoever ran which part."""
+    torch.manual_seed(5)
+    a = torch.randn(m, 24, dtype=dtype) if not ta else torch.randn(24, m, dtype=dtype)
+    b = torch.randn(24, n, dtype=dtype) if not tb else torch.randn(n, 24, dtype=dtype)
+
+    def f(a, b):
+        return (a.t() if ta else a) @ (b.t() if tb else b)
+
+    an, bn = _dev(a), _dev(b)
+    first = f(an, bn).cpu()
+    assert_close(first, f(a, b))
+    for _ in range(5):
+        assert torch.equal(f(an, bn).cpu(), first)
+    assert_close(f(_dev(a, 10), bn).cpu(), f(a, b))  # uneven tiles: each tile's product in parts
+
+
+def test_batched_products_in_two_parts(split_all):
+    torch.manual_seed(6)
+    a, b = torch.randn(5, 9, 7), torch.randn(5, 7, 4)
+    an, bn = _dev(a), _dev(b)
+    first = torch.bmm(an, bn).cpu()
+    assert_close(first, torch.bmm(a, b))
+    assert torch.equal(torch.bmm(an, bn).cpu(), first)

@@ -660,16 +660,26 @@ class Runtime:
             if self._drained >= target:
                 return target
             self._waiters.append((target, latch))
-        while not latch.wait(SLICE_S):
-            if not self._pauser.is_alive():
-                self.lib.tnt_wait_all()  # the pauser is gone (it never should be): wait here
-                break
+        self.wait_for(latch, self._pauser_gone)
         return target
 
-    def wait_for(self, done: Latch) -> None:
-        """Block until ``done`` is set, in slices (Ctrl-C gets through)."""
-        while not done.wait(SLICE_S):
-            pass
+    def _pauser_gone(self) -> bool:
+        if self._pauser.is_alive():
+            return False
+        self.lib.tnt_wait_all()  # the pauser is gone (it never should be): wait here
+        return True
+
+    def wait_for(self, done: Latch, gone: Callable[[], bool] | None = None) -> None:
+        """Block until ``done`` is set (or ``gone()``, asked after each slice), in slices:
+        Ctrl-C gets through. Meanwhile the workers may share products
+        (``tnt_host_waiting``): this thread leaves its core free."""
+        self.lib.tnt_host_waiting(1)
+        try:
+            while not done.wait(SLICE_S):
+                if gone is not None and gone():
+                    break
+        finally:
+            self.lib.tnt_host_waiting(-1)
 
     @property
     def dry_run(self) -> str | None:

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -130,10 +131,16 @@ static struct starpu_codelet tnt_cl;
 #define TNT_SPIN_US 100.0
 #define TNT_NAP_NS 20000L
 
+static int tnt_help(void);
+
 static unsigned tnt_idle_hook(void *arg)
 {
     (void)arg;
     static __thread double since, last;  /* start of this worker's idle stretch, its last poll */
+    if (tnt_help()) {  /* ran half of another worker's product: busy, not idle */
+        last = 0.0;
+        return 1;
+    }
     double now = starpu_timing_now();
     if (now - last > 20.0)  /* the previous poll was long ago: a task ran in between */
         since = now;
@@ -384,9 +391,142 @@ static void tnt_native_failed(struct starpu_task *task, int nbuf, int64_t failur
     __atomic_add_fetch(&tnt_gemm_ndone, 1, __ATOMIC_RELEASE);
 }
 
-static void tnt_gemm_func(void *buffers[], void *cl_arg)
+/* Products of at least this many multiply-adds run in two parts (tnt_gemm_shared):
+   about 20 us of one core. */
+static double tnt_split_macs = 1048576.0;
+void tnt_set_split_macs(double macs) { tnt_split_macs = macs; }
+
+/* A product, or a part of one: ``batch`` products of C (m x n) = op(X) op(Y), items
+   ``sc``/``sx``/``sy`` bytes apart; leading dimensions are those of the whole tiles. */
+struct tnt_gemm_part {
+    char *c, *x, *y;
+    int m, n, k, ldx, ldy, ldc, batch, dbl;
+    char opx, opy;
+    size_t sc, sx, sy;
+    double alpha, beta;
+};
+
+static void tnt_gemm_run(const struct tnt_gemm_part *p)
+{
+    char *c = p->c, *x = p->x, *y = p->y;
+    for (int b = 0; b < p->batch; b++, c += p->sc, x += p->sx, y += p->sy) {
+        if (p->dbl) {
+            double al = p->alpha, be = p->beta;
+            tnt_dgemm(&p->opy, &p->opx, &p->n, &p->m, &p->k, &al, (double *)y, &p->ldy, (double *)x, &p->ldx,
+                      &be, (double *)c, &p->ldc);
+        } else {
+            float al = (float)p->alpha, be = (float)p->beta;
+            tnt_sgemm(&p->opy, &p->opx, &p->n, &p->m, &p->k, &al, (float *)y, &p->ldy, (float *)x, &p->ldx,
+                      &be, (float *)c, &p->ldc);
+        }
+    }
+}
+
+/* Splits ``p`` in two: ``p`` keeps the first part, ``rest`` gets the second (by batch
+   items, else by rows of C, else by its columns). 0 where it is too small to pay. */
+static int tnt_gemm_split(struct tnt_gemm_part *p, struct tnt_gemm_part *rest)
+{
+    size_t item = p->dbl ? sizeof(double) : sizeof(float);
+    if ((double)p->m * p->n * p->k * p->batch < tnt_split_macs)
+        return 0;
+    *rest = *p;
+    if (p->batch >= 2) {
+        int half = p->batch / 2;
+        rest->batch = p->batch - half;
+        rest->c += half * p->sc;
+        rest->x += half * p->sx;
+        rest->y += half * p->sy;
+        p->batch = half;
+    } else if (p->m >= p->n && p->m >= 32) {  /* rows of C: rows of op(X) */
+        int half = p->m / 2;
+        rest->m = p->m - half;
+        rest->c += (size_t)half * p->ldc * item;
+        rest->x += (p->opx == 'T' ? (size_t)half : (size_t)half * p->ldx) * item;
+        p->m = half;
+    } else if (p->n >= 32) {  /* columns of C: columns of op(Y) */
+        int half = p->n / 2;
+        rest->n = p->n - half;
+        rest->c += (size_t)half * item;
+        rest->y += (p->opy == 'T' ? (size_t)half * p->ldy : (size_t)half) * item;
+        p->n = half;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Help with products. While the host thread waits for a result (a readout: the loss
+   of a training step) its core is free, and a chain of dependent tasks (a forward
+   pass) keeps one worker busy while the other idles. A worker starting a large
+   product then posts half of it here; an idle worker (its idle hook) takes it, as
+   an eager CPU product would use a second thread. Whatever is not taken the poster
+   runs itself, so nothing waits on a worker that is busy elsewhere. One slot. */
+enum { TNT_HELP_FREE, TNT_HELP_FILLING, TNT_HELP_POSTED, TNT_HELP_TAKEN, TNT_HELP_DONE };
+static int tnt_help_state, tnt_host_waits;
+static struct tnt_gemm_part tnt_help_part;
+
+/* A host thread starts (+1) or stops (-1) waiting for the workers. */
+void tnt_host_waiting(int change) { __atomic_add_fetch(&tnt_host_waits, change, __ATOMIC_RELAXED); }
+
+static void tnt_blas_single(void)
 {
     static __thread int single_threaded;
+    if (!single_threaded) {  /* one core per worker: no BLAS threads of its own */
+        if (tnt_blas_threads)
+            tnt_blas_threads(1);
+        single_threaded = 1;
+    }
+}
+
+/* In an idle worker: run a posted half product, if there is one (1). */
+static int tnt_help(void)
+{
+    int posted = TNT_HELP_POSTED;
+    if (__atomic_load_n(&tnt_help_state, __ATOMIC_RELAXED) != TNT_HELP_POSTED
+        || !__atomic_compare_exchange_n(&tnt_help_state, &posted, TNT_HELP_TAKEN, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+        return 0;
+    tnt_blas_single();
+    tnt_gemm_run(&tnt_help_part);
+    __atomic_store_n(&tnt_help_state, TNT_HELP_DONE, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* Runs ``p``: a large product in two parts, the second on an idle worker where one
+   takes it. It is split the same way whoever runs the parts, so its values never
+   depend on timing. */
+static void tnt_gemm_shared(struct tnt_gemm_part *p)
+{
+    struct tnt_gemm_part rest;
+    if (!tnt_gemm_split(p, &rest)) {
+        tnt_gemm_run(p);
+        return;
+    }
+    int free_ = TNT_HELP_FREE;
+    if (__atomic_load_n(&tnt_host_waits, __ATOMIC_RELAXED) <= 0
+        || __atomic_load_n(&tnt_help_state, __ATOMIC_RELAXED) != TNT_HELP_FREE
+        || !__atomic_compare_exchange_n(&tnt_help_state, &free_, TNT_HELP_FILLING, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED)) {
+        tnt_gemm_run(p);
+        tnt_gemm_run(&rest);
+        return;
+    }
+    tnt_help_part = rest;
+    __atomic_store_n(&tnt_help_state, TNT_HELP_POSTED, __ATOMIC_RELEASE);
+    tnt_gemm_run(p);
+    int posted = TNT_HELP_POSTED;
+    if (__atomic_compare_exchange_n(&tnt_help_state, &posted, TNT_HELP_FILLING, 0, __ATOMIC_ACQUIRE,
+                                    __ATOMIC_RELAXED)) {
+        tnt_gemm_run(&rest);  /* nobody took it */
+    } else {
+        while (__atomic_load_n(&tnt_help_state, __ATOMIC_ACQUIRE) != TNT_HELP_DONE)
+            sched_yield();
+    }
+    __atomic_store_n(&tnt_help_state, TNT_HELP_FREE, __ATOMIC_RELEASE);
+}
+
+static void tnt_gemm_func(void *buffers[], void *cl_arg)
+{
     const struct tnt_gemm_args *a = cl_arg;
     struct starpu_task *task = starpu_task_get_current();
     int nbuf = STARPU_TASK_GET_NBUFFERS(task);
@@ -396,11 +536,7 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
         return;
     }
     int w = starpu_worker_get_id();
-    if (!single_threaded) {  /* one core per worker: no BLAS threads of its own */
-        if (tnt_blas_threads)
-            tnt_blas_threads(1);
-        single_threaded = 1;
-    }
+    tnt_blas_single();
     double t0 = tnt_now();
     if (tnt_skip_kernels || a->m <= 0 || a->n <= 0) {
         /* nothing to compute */
@@ -414,26 +550,17 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
                      (const float *)STARPU_VECTOR_GET_PTR(buffers[2]), a->n, (float)a->beta,
                      (float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->n);
     } else {  /* batch items follow each other in every tile */
-        char *c = (char *)STARPU_VECTOR_GET_PTR(buffers[0]);
-        char *x = (char *)STARPU_VECTOR_GET_PTR(buffers[1]);
-        char *y = (char *)STARPU_VECTOR_GET_PTR(buffers[2]);
-        char opy = a->tb ? 'T' : 'N', opx = a->ta ? 'T' : 'N';
-        int ldy = a->tb ? a->k : a->n, ldx = a->ta ? a->m : a->k, ldc = a->n;
-        if (ldy < 1) ldy = 1;
-        if (ldx < 1) ldx = 1;
         size_t item = a->dbl ? sizeof(double) : sizeof(float);
-        size_t sc = item * a->m * a->n, sx = item * a->m * a->k, sy = item * a->k * a->n;
-        for (int b = 0; b < a->batch; b++, c += sc, x += sx, y += sy) {
-            if (a->dbl) {
-                double al = a->alpha, be = a->beta;
-                tnt_dgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, (double *)y, &ldy, (double *)x, &ldx, &be,
-                          (double *)c, &ldc);
-            } else {
-                float al = (float)a->alpha, be = (float)a->beta;
-                tnt_sgemm(&opy, &opx, &a->n, &a->m, &a->k, &al, (float *)y, &ldy, (float *)x, &ldx, &be,
-                          (float *)c, &ldc);
-            }
-        }
+        struct tnt_gemm_part p = {
+            (char *)STARPU_VECTOR_GET_PTR(buffers[0]), (char *)STARPU_VECTOR_GET_PTR(buffers[1]),
+            (char *)STARPU_VECTOR_GET_PTR(buffers[2]), a->m, a->n, a->k,
+            a->ta ? a->m : a->k, a->tb ? a->k : a->n, a->n, a->batch, a->dbl,
+            a->ta ? 'T' : 'N', a->tb ? 'T' : 'N',
+            item * a->m * a->n, item * a->m * a->k, item * a->k * a->n, a->alpha, a->beta,
+        };
+        if (p.ldy < 1) p.ldy = 1;
+        if (p.ldx < 1) p.ldx = 1;
+        tnt_gemm_shared(&p);
     }
     tnt_native_done(task, nbuf, a->key, w, a->name, a->trace, t0);
 }
