@@ -199,7 +199,8 @@ class Lowering:
         self.reuses_memory = isinstance(rt, Runtime)  # not when only planning (dumps): tiles stay distinct there
         self.dying: dict[int, list[Any]] = {}  # op index -> the nodes that die after it
         self._viewed: set[int] = set()  # id(array) of arrays other arrays view: never given away
-        self._pool: dict[tuple[int, int], list[Any]] = {}  # (items, item size) -> handles free for reuse
+        # (items, item size) -> (handle, len(tasks) when its value died), free for reuse
+        self._pool: dict[tuple[int, int], list[tuple[Any, int]]] = {}
         self.marks: list[tuple[Any, int]] = []  # each op lowered, with the index of its first task
         self.failed = False  # an op's lowering raised (its tasks raise the error instead)
         self.reused: Any = None  # the lowered step (``tiling.reuse.Bound``) these tasks were bound from, if any
