@@ -508,3 +508,25 @@ def test_batched_products_in_two_parts(split_all):
     first = torch.bmm(an, bn).cpu()
     assert_close(first, torch.bmm(a, b))
     assert torch.equal(torch.bmm(an, bn).cpu(), first)
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dim", [-1, 1])
+def test_large_softmax_rows_shared(log, dim):
+    """A softmax large enough to share (its rows in two parts, the second maybe on an
+    idle worker while this thread waits) and its backward: CPU's values, the same bits
+    on every read."""
+    torch.manual_seed(7)
+    x = torch.randn(9, 700, 8, requires_grad=True)
+    fn = F.log_softmax if log else F.softmax
+    w = torch.randn(9, 700, 8)
+    xn = x.detach().to("nntile").requires_grad_()
+    yn = fn(xn, dim)
+    (yn * w.to("nntile")).sum().backward()
+    y = fn(x, dim)
+    (y * w).sum().backward()
+    first, grad = yn.detach().cpu(), xn.grad.cpu()
+    _same_bits(first, y.detach())
+    _same_bits(grad, x.grad)
+    for _ in range(3):
+        assert torch.equal(fn(xn.detach(), dim).cpu(), first)

@@ -455,18 +455,43 @@ static int tnt_gemm_split(struct tnt_gemm_part *p, struct tnt_gemm_part *rest)
     return 1;
 }
 
-/* Help with products. While the host thread waits for a result (a readout: the loss
-   of a training step) its core is free, and a chain of dependent tasks (a forward
-   pass) keeps one worker busy while the other idles. A worker starting a large
-   product then posts half of it here; an idle worker (its idle hook) takes it, as
-   an eager CPU product would use a second thread. Whatever is not taken the poster
-   runs itself, so nothing waits on a worker that is busy elsewhere. One slot. */
+/* Work a second worker may take (tnt_share): a part of a product (rows_kind 0), or
+   rows of a row-wise kernel (rows.h). */
+struct tnt_job {
+    int rows_kind;
+    struct tnt_gemm_part gemm;
+    int32_t p[4];
+    void *bufs[3];
+};
+
+static void tnt_job_run(const struct tnt_job *j)
+{
+    if (j->rows_kind == 0) {
+        tnt_gemm_run(&j->gemm);
+    } else {
+        int64_t bad;
+        tnt_rows_run(j->rows_kind, j->p, NULL, j->bufs, &bad);
+    }
+}
+
+/* Sharing work. While a host thread waits for a result (a readout: the loss of a
+   training step) its core is free, and a chain of dependent tasks (a forward pass)
+   keeps one worker busy while the other idles. A worker starting a large product
+   or softmax then posts half of it here; an idle worker (its idle hook) takes it, as
+   eager PyTorch would use a second thread. Whatever is not taken the poster runs
+   itself, so nothing waits on a worker that is busy elsewhere. One slot. */
 enum { TNT_HELP_FREE, TNT_HELP_FILLING, TNT_HELP_POSTED, TNT_HELP_TAKEN, TNT_HELP_DONE };
 static int tnt_help_state, tnt_host_waits;
-static struct tnt_gemm_part tnt_help_part;
+static struct tnt_job tnt_help_job;
 
 /* A host thread starts (+1) or stops (-1) waiting for the workers. */
 void tnt_host_waiting(int change) { __atomic_add_fetch(&tnt_host_waits, change, __ATOMIC_RELAXED); }
+
+static int tnt_may_share(void)
+{
+    return __atomic_load_n(&tnt_host_waits, __ATOMIC_RELAXED) > 0
+           && __atomic_load_n(&tnt_help_state, __ATOMIC_RELAXED) == TNT_HELP_FREE;
+}
 
 static void tnt_blas_single(void)
 {
@@ -478,7 +503,7 @@ static void tnt_blas_single(void)
     }
 }
 
-/* In an idle worker: run a posted half product, if there is one (1). */
+/* In an idle worker: run a posted job, if there is one (1). */
 static int tnt_help(void)
 {
     int posted = TNT_HELP_POSTED;
@@ -487,42 +512,75 @@ static int tnt_help(void)
                                         __ATOMIC_RELAXED))
         return 0;
     tnt_blas_single();
-    tnt_gemm_run(&tnt_help_part);
+    tnt_job_run(&tnt_help_job);
     __atomic_store_n(&tnt_help_state, TNT_HELP_DONE, __ATOMIC_RELEASE);
     return 1;
 }
 
-/* Runs ``p``: a large product in two parts, the second on an idle worker where one
-   takes it. It is split the same way whoever runs the parts, so its values never
-   depend on timing. */
-static void tnt_gemm_shared(struct tnt_gemm_part *p)
+/* Runs two independent jobs: ``rest`` on an idle worker where one takes it while a
+   host thread waits, else both here. */
+static void tnt_share(const struct tnt_job *mine, const struct tnt_job *rest)
 {
-    struct tnt_gemm_part rest;
-    if (!tnt_gemm_split(p, &rest)) {
-        tnt_gemm_run(p);
-        return;
-    }
     int free_ = TNT_HELP_FREE;
-    if (__atomic_load_n(&tnt_host_waits, __ATOMIC_RELAXED) <= 0
-        || __atomic_load_n(&tnt_help_state, __ATOMIC_RELAXED) != TNT_HELP_FREE
+    if (!tnt_may_share()
         || !__atomic_compare_exchange_n(&tnt_help_state, &free_, TNT_HELP_FILLING, 0, __ATOMIC_ACQUIRE,
                                         __ATOMIC_RELAXED)) {
-        tnt_gemm_run(p);
-        tnt_gemm_run(&rest);
+        tnt_job_run(mine);
+        tnt_job_run(rest);
         return;
     }
-    tnt_help_part = rest;
+    tnt_help_job = *rest;
     __atomic_store_n(&tnt_help_state, TNT_HELP_POSTED, __ATOMIC_RELEASE);
-    tnt_gemm_run(p);
+    tnt_job_run(mine);
     int posted = TNT_HELP_POSTED;
     if (__atomic_compare_exchange_n(&tnt_help_state, &posted, TNT_HELP_FILLING, 0, __ATOMIC_ACQUIRE,
                                     __ATOMIC_RELAXED)) {
-        tnt_gemm_run(&rest);  /* nobody took it */
+        tnt_job_run(rest);  /* nobody took it */
     } else {
         while (__atomic_load_n(&tnt_help_state, __ATOMIC_ACQUIRE) != TNT_HELP_DONE)
             sched_yield();
     }
     __atomic_store_n(&tnt_help_state, TNT_HELP_FREE, __ATOMIC_RELEASE);
+}
+
+/* Runs ``p``: a large product in two parts, the second maybe on another worker
+   (tnt_share). It is split the same way whoever runs the parts, so its values never
+   depend on timing. */
+static void tnt_gemm_shared(struct tnt_gemm_part *p)
+{
+    struct tnt_job mine = {0}, rest = {0};
+    if (!tnt_gemm_split(p, &rest.gemm)) {
+        tnt_gemm_run(p);
+        return;
+    }
+    mine.gemm = *p;
+    tnt_share(&mine, &rest);
+}
+
+#define TNT_SHARE_MIN_ITEMS 32768  /* a softmax worth sharing: about 50 us of one core */
+
+/* A softmax or its backward (rows.h) in two parts by outer rows where another worker
+   may take one (1), else nothing done (0). Rows are independent: the same values
+   either way. */
+static int tnt_softmax_shared(int kind, const int32_t *p, void *const *ptrs)
+{
+    int64_t outer = p[0], n = p[1], inner = p[2];
+    if ((kind != TNT_ROWS_SOFTMAX && kind != TNT_ROWS_SOFTMAX_BACKWARD) || outer < 2
+        || outer * n * inner < TNT_SHARE_MIN_ITEMS || !tnt_may_share())
+        return 0;
+    int nbuf = kind == TNT_ROWS_SOFTMAX ? 2 : 3, half = (int)(outer / 2);
+    struct tnt_job mine = {0}, rest = {0};
+    mine.rows_kind = rest.rows_kind = kind;
+    for (int i = 0; i < 4; i++)
+        mine.p[i] = rest.p[i] = p[i];
+    mine.p[0] = half;
+    rest.p[0] = (int32_t)(outer - half);
+    for (int i = 0; i < nbuf; i++) {
+        mine.bufs[i] = ptrs[i];
+        rest.bufs[i] = (float *)ptrs[i] + (size_t)half * n * inner;
+    }
+    tnt_share(&mine, &rest);
+    return 1;
 }
 
 static void tnt_gemm_func(void *buffers[], void *cl_arg)
@@ -598,7 +656,7 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
         const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
         if (prog[0] == 0)
             tnt_ew_run(prog + 1, consts, ptrs);
-        else
+        else if (!tnt_softmax_shared(prog[0], prog + 1, ptrs))
             rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, &bad);
     }
     if (rc != TNT_ROWS_OK) {  /* a bad index or target: the task fails as the CPU kernel would */
