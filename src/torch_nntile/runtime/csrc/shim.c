@@ -137,7 +137,7 @@ static unsigned tnt_idle_hook(void *arg)
 {
     (void)arg;
     static __thread double since, last;  /* start of this worker's idle stretch, its last poll */
-    if (tnt_help()) {  /* ran half of another worker's product: busy, not idle */
+    if (tnt_help()) {  /* ran half of another worker's product or softmax: busy, not idle */
         last = 0.0;
         return 1;
     }
