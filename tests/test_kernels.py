@@ -84,3 +84,5 @@ def test_kernel_equality_tells_negative_zero_and_nested_kernels_apart():
     assert Kernel(add, 1.0) != Kernel(torch.mul, 1.0)
     a, b = Kernel(add, -0.0, 2), Kernel(add, -0.0, 2)
     assert a == b and hash(a) == hash(b)
+    assert Kernel(add, 1) != Kernel(add, 1.0) != Kernel(add, True) != Kernel(add, 1)  # x == 1.0 compares in float
+    assert Kernel(add, (None, 2)) != Kernel(add, (None, 2.0))

@@ -4,7 +4,9 @@ and tilings; which tasks get a program and which stay Python."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 
 import pytest
 import torch
@@ -115,10 +117,12 @@ def test_what_stays_python():
 
     x = torch.randn(4, 5)
     assert kernel_of(lambda a: torch.div(a, 2, rounding_mode="floor"), x) is None  # no such step
-    assert kernel_of(lambda a: a * 2, x.double()) is None  # float32 only
-    assert kernel_of(lambda a: a * 2, x.to(torch.int32)) is None
+    assert kernel_of(lambda a: a * 2, x.double()) is None  # float arithmetic: float32 only
+    assert kernel_of(lambda a: a * 2.5, x.to(torch.int32)) is None  # float32 arithmetic of integer tiles
+    assert kernel_of(lambda a: a > 0, x.half()) is None  # no half-precision maps
     assert kernel_of(lambda a: torch.erfinv(a), x) is None
     assert kernel_of(lambda a: a * 2, x) is not None
+    assert kernel_of(lambda a: a * 2, x.to(torch.int32)) is not None  # integer arithmetic (kernels.typed)
 
 
 def test_views_fill_and_partial_sums():
@@ -267,20 +271,21 @@ def test_retiles_and_concatenations_copy_boxes_in_c(tiles):
 
 
 @pytest.mark.parametrize("tiles", [None, [3, 5], [1, 4, 3]])
-def test_slices_copy_in_c_where_one_box_fills_the_tile(tiles):
-    """A slice (HF's split of the qkv projection) whose output tile one source box fills
-    is a strided C copy; a box with fill (padding) or reversed (flip) stays Python;
-    all give CPU's values."""
-    x = torch.randn(8, 12)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.float16])
+def test_box_copies_slices_pads_flips_rolls_in_c(tiles, dtype):
+    """Box copies (HF's split of the qkv projection, padding with its fill, crops, flips
+    by negative strides, rolls: two boxes from one tile) are strided C copies of any
+    element size, with CPU's exact values."""
+    x = (torch.randn(8, 12) * 4).to(dtype)
     xn = _dev(x, tiles)
     cases = {"slice": lambda t: t[:, 4:8], "split": lambda t: t.split(5, 1)[1], "pad": lambda t: F.pad(t, (1, 2)),
-             "flip": lambda t: t.flip(1)}
+             "pad_value": lambda t: F.pad(t, (2, 0, 0, 1), value=-100), "crop": lambda t: F.pad(t, (-1, 2, 1, -3)),
+             "flip": lambda t: t.flip(1), "flip_both": lambda t: t.flip(0, 1), "roll": lambda t: t.roll((3, -2), (0, 1))}
     for name, fn in cases.items():
         held = fn(xn).clone()  # a view is read (a box copy) when something reads it
-        boxes = [(k, specs) for k, specs, kname in _lowered() if kname in ("slice", "constant_pad_nd", "flip")]
+        boxes = [(k, specs) for k, specs, kname in _lowered() if kname in ("slice", "constant_pad_nd", "flip", "roll")]
         assert boxes, name
-        native_ok = [native.record(k, specs) is not None for k, specs in boxes]
-        assert all(native_ok) if name in ("slice", "split") else not any(native_ok), (name, native_ok)
+        assert all(native.record(k, specs) is not None for k, specs in boxes), name
         assert torch.equal(held.cpu(), fn(x)), name
 
 
@@ -439,7 +444,23 @@ def test_fills_of_zeros_of_either_sign_keep_their_sign():
         assert torch.equal(torch.signbit(got), torch.signbit(torch.full((4,), value)))
 
 
-def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch):
+@pytest.fixture
+def python_tasks(monkeypatch):
+    """The names of the tasks the runtime prepares as Python callbacks from here on."""
+    rt = SESSION_STATE.runtime()
+    names: list[str] = []
+    real = rt.prepare
+
+    def prepare(tasks, *a):
+        b = real(tasks, *a)
+        names.extend(c[3] for c in b.closures)
+        return b
+
+    monkeypatch.setattr(rt, "prepare", prepare)
+    return names
+
+
+def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch, python_tasks):
     """The C side counts tasks under at most 128 names; once as many names are in use,
     tasks of new names still run in C (counted together as ``OTHER_C_TASKS``), not as
     Python callbacks."""
@@ -450,15 +471,6 @@ def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch):
     torch_nntile.metrics()  # the counts so far are folded in under the real names
     full = {f"earlier_{k}": k for k in range(context._GEMM_NAMES - 1)}
     monkeypatch.setattr(rt, "_gemm_names", full)
-    closures = []
-    real = rt.prepare
-
-    def prepare(tasks, *a):
-        b = real(tasks, *a)
-        closures.extend(c[3] for c in b.closures)
-        return b
-
-    monkeypatch.setattr(rt, "prepare", prepare)
     torch_nntile.reset_info()
     x = torch.randn(6, 5)
     got = torch.tanh(_dev(x, [4, 2]) * 2 + 1).cpu()
@@ -466,7 +478,7 @@ def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch):
     torch_nntile.wait()
     kernels = torch_nntile.metrics()["kernels"]
     assert kernels[context.OTHER_C_TASKS]["tasks"] == 2, kernels  # the fused chain's two tiles, in C
-    assert set(closures) == {"ingress", "readout"}, closures  # only these run as Python
+    assert set(python_tasks) == {"ingress", "readout"}, python_tasks  # only these run as Python
     assert len(full) == context._GEMM_NAMES - 1
 
 
@@ -530,3 +542,214 @@ def test_large_softmax_rows_shared(log, dim):
     _same_bits(grad, x.grad)
     for _ in range(3):
         assert torch.equal(fn(xn.detach(), dim).cpu(), first)
+
+
+# -- tiles of other dtypes than float32: copies, comparisons, integer maps, where, any, index --------
+
+
+def _in_c(python_tasks: list[str]) -> None:
+    assert set(python_tasks) <= {"ingress", "readout"}, python_tasks
+
+
+def _parity(fn, *args, tiles=None):
+    """``fn`` on nntile (the first tensor argument tiled along dim 0 by ``tiles``) gives
+    CPU's exact result: same dtype, shape and bits (NaN where CPU has NaN)."""
+    want = fn(*args)
+    got = fn(*(_dev(a, tiles if i == 0 else None) if isinstance(a, torch.Tensor) else a
+               for i, a in enumerate(args))).cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, (got, want)
+    if want.is_floating_point():
+        assert torch.equal(got.isnan(), want.isnan()), (got, want)
+        got, want = got.nan_to_num(), want.nan_to_num()
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)) if got.dim() else got == want, (got, want)
+    else:
+        assert torch.equal(got, want), (got, want)
+
+
+COMPARISONS = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
+_I = torch.tensor([[3, -2, 0, 7, -9, 2**40, -2**62], [1, 1, -1, 0, 5, 2**63 - 1, -2**63]]).repeat(3, 1)
+_F = torch.tensor([[0.0, -0.0, 1.5, math.nan, math.inf, -math.inf, 16777216.0]]).repeat(6, 1)
+COMPARE_CASES = {
+    "int64 rows": (lambda a, b: (a, b[0]), _I, _I.flip(0)),
+    "int64 columns": (lambda a, b: (a, b[:, :1]), _I, _I.flip(1)),
+    "int64 scalar": (lambda a, b: (a, 7), _I, None),
+    "int32": (lambda a, b: (a.int(), b.int()), _I.remainder(1000), _I.flip(1).remainder(1000)),
+    "int32 wrapped scalar": (lambda a, b: (a.int() * 0, 2**32), _I, None),  # 2**32 is 0 in int32
+    "uint8 -1": (lambda a, b: (a.remainder(256).to(torch.uint8), -1), _I, None),  # -1 is 255 in uint8
+    "float32": (lambda a, b: (a, b), _F, _F.roll(1, 1)),
+    "float32 scalar": (lambda a, b: (a, 0.1), _F, None),
+    "float32 int scalar": (lambda a, b: (a, 16777217), _F, None),  # 16777217 is 16777216.0 in float32
+    "int64 float scalar": (lambda a, b: (a, 2.5), _I, None),  # compared in float32
+    "int64 float32 tile": (lambda a, b: (a, b), _I, _F),
+    "float32 float64 0-dim": (lambda a, b: (a, torch.tensor(0.1, dtype=torch.float64)), _F + 0.1, None),
+    "bool int scalar": (lambda a, b: (a > 0, 2), _I, None),
+    "0-dim": (lambda a, b: (a[0, 0], b[1, 1]), _I, _I.flip(1)),
+    "zero-size": (lambda a, b: (a[:0], b[0]), _I, _I.flip(0)),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPARE_CASES))
+@pytest.mark.parametrize("name", list(COMPARISONS))
+def test_comparisons_in_c(python_tasks, name, case):
+    """Comparisons of integer, bool and float32 tiles (broadcast, against numbers and CPU
+    scalars, mixed dtypes promoted as PyTorch does, wrapped numbers) write CPU's bools."""
+    op, (prep, a, b) = COMPARISONS[name], COMPARE_CASES[case]
+    x, y = prep(a, b if b is not None else a)
+    tiles = [2, 4] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == 6 else None
+    if isinstance(y, torch.Tensor) and y.dim() == 0 and y.dtype is torch.float64:
+        _parity(lambda t: op(t, y), x, tiles=tiles)  # a CPU scalar
+    else:
+        _parity(op, x, y, tiles=tiles)
+    _in_c(python_tasks)
+
+
+def test_comparisons_not_covered_stay_python():
+    x = torch.randn(4, 5)
+    held = torch.gt(_dev(x.half()), 0)  # noqa: F841 - no half-precision maps
+    (task,) = [(k, specs) for k, specs, name in _lowered() if name == "gt"]
+    assert native.record(*task) is None
+    assert torch.equal(torch.gt(_dev(x.half()), 0).cpu(), torch.gt(x.half(), 0))
+
+
+@pytest.mark.parametrize("tiles", [None, [2, 4]])
+def test_integer_arithmetic_in_c(python_tasks, tiles):
+    """add / sub (with alpha) and mul of integer tiles wrap as CPU's do."""
+    b = torch.tensor([[5, -3, 2**62, 1, 0, -7, 3]])
+    cases = [
+        lambda x, y: x + y, lambda x, y: torch.add(x, y, alpha=3), lambda x, y: torch.sub(x, y, alpha=-2**40),
+        lambda x, y: x * y, lambda x, y: x - 1, lambda x, y: 5 - x, lambda x, y: x * 2**62,
+        lambda x, y: x[0, 0] * y[0, 1], lambda x, y: x[:0] + y,
+    ]
+    for fn in cases:
+        _parity(fn, _I, b, tiles=tiles)
+    i32, i16, u8 = _I.remainder(2**31).int(), _I.remainder(2**15).short(), _I.remainder(256).to(torch.uint8)
+    for fn, x in [(lambda x, y: x + 2**31, i32), (lambda x, y: x * y, i32), (lambda x, y: x * 300, i16),
+                  (lambda x, y: x + 250, u8), (lambda x, y: torch.sub(x, y, alpha=3), u8)]:
+        _parity(fn, x, x.flip(1), tiles=tiles)
+    _in_c(python_tasks)
+    held = _dev(_I) * 1.5  # noqa: F841 - float32 arithmetic of an integer tile stays Python
+    (task,) = [(k, specs) for k, specs, name in _lowered() if name == "mul"]
+    assert native.record(*task) is None
+
+
+@pytest.mark.parametrize("tiles", [None, [1, 2]])
+def test_where_in_c(python_tasks, tiles):
+    """where of float32 (bits kept: NaN, -0.0), int64, bool and float64 values, 0-dim value
+    tiles (an attention's mask fill), numbers, promotion, a broadcast condition."""
+    torch.manual_seed(8)
+    cond = torch.rand(3, 1, 6, 7) > 0.5
+    f = torch.randn(3, 1, 6, 7)
+    f[0, 0, 0, :3] = torch.tensor([math.nan, -0.0, math.inf])
+    i = torch.randint(-2**62, 2**62, (3, 1, 6, 7))
+    lo = torch.tensor(torch.finfo(torch.float32).min)
+    # (operands computed here: an elementwise producer would fold into the where, and
+    # fused chains with other dtypes than float32 run as Python)
+    cases = [
+        lambda c, v, w, u, d: torch.where(c, v, lo), lambda c, v, w, u, d: torch.where(c, torch.tensor(0.0), lo),
+        lambda c, v, w, u, d: torch.where(c, v, -0.0), lambda c, v, w, u, d: torch.where(c, w, w.flip(2)),
+        lambda c, v, w, u, d: torch.where(c, w, -3), lambda c, v, w, u, d: torch.where(c, w, torch.tensor(0.5)),
+        lambda c, v, w, u, d: torch.where(c[:1, :, :, :1], v, u), lambda c, v, w, u, d: torch.where(c, c, c.flip(3)),
+        lambda c, v, w, u, d: torch.where(c, d, 2.0), lambda c, v, w, u, d: torch.where(c[0, 0, 0, 0], v, u),
+        lambda c, v, w, u, d: torch.where(c[:0], v[:0], 1.0),
+    ]
+    for fn in cases:
+        _parity(fn, cond, f, i, -f, f.double() * 3, tiles=tiles)
+    _in_c(python_tasks)
+
+
+@pytest.mark.parametrize("tiles", [None, [3, 1]])
+def test_masks_expanded_and_any_all_in_c(python_tasks, tiles):
+    """A causal mask (``le`` of broadcast positions, expanded: a strided bool copy), and
+    any / all of bool and uint8 tiles, whole or over dims: CPU's values."""
+    pos = torch.arange(9)
+    _parity(lambda p: (p.view(1, 1, 1, 9) <= p.view(1, 1, 9, 1)).expand(4, 1, 9, 9).contiguous(), pos)
+    m = torch.tensor([[0, 1, 0], [0, 0, 0], [1, 1, 1], [2, 0, 3]], dtype=torch.uint8)
+    for fn in [lambda t: t.any(), lambda t: t.all(), lambda t: (t > 0).any(1), lambda t: (t > 0).all(1, keepdim=True),
+               lambda t: t.any(-1), lambda t: (t > 0)[:0].all(), lambda t: (t > 0)[:0].any(), lambda t: (t[0, 1] > 0).any(),
+               lambda t: (t > 0).all(0)]:
+        _parity(fn, m, tiles=tiles)
+    if tiles is None:
+        _in_c(python_tasks)  # (tiled along a reduced dim, the parts are combined in Python)
+    held = (_dev(m, tiles) > 0).any(0)  # noqa: F841
+    parts = [(k, specs) for k, specs, name in _lowered() if name == "any" and k.fn.__name__ != "anyall_combine"]
+    assert parts and all(native.record(k, specs) is not None for k, specs in parts)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float64, torch.int16])
+@pytest.mark.parametrize("tiles", [None, [3, 4]])
+def test_copies_of_any_dtype_in_c(python_tasks, dtype, tiles):
+    """Permutations, strided views, broadcasts, concatenations, re-tilings and fills of
+    tiles of any element size are strided C copies."""
+    x = torch.randint(-100, 100, (7, 6, 5)).to(dtype)
+    for fn in [lambda t: t.permute(2, 0, 1).contiguous(), lambda t: t.transpose(0, 1).contiguous(),
+               lambda t: t.as_strided((3, 4), (7, 2), 3).contiguous(), lambda t: t[:, :1].expand(7, 6, 5).contiguous(),
+               lambda t: torch.cat([t, t[:, :2]], 1), lambda t: t.reshape(5, 42), lambda t: t.flatten()[:0],
+               lambda t: t[2, 3, 4].expand(2, 3).contiguous(),
+               lambda t: torch.full((7, 2, 5), 3, dtype=t.dtype, device=t.device) if t.device.type == "nntile"
+               else torch.full((7, 2, 5), 3, dtype=t.dtype)]:
+        _parity(fn, x, tiles=tiles)
+    _in_c(python_tasks)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bool])
+def test_index_in_c(python_tasks, index_dtype, dtype):
+    """``x[..., index, ...]`` with one integer index tile (negative indices, 2-D and 0-dim
+    index tiles, empty ones, the kept dims tiled unevenly): CPU's values, in C."""
+    x = torch.randint(-50, 50, (7, 6, 5)).to(dtype)
+    i1 = torch.tensor([-1, 0, 4, -6, 2], dtype=index_dtype)
+    i2 = torch.tensor([[4, -5], [0, 0]], dtype=index_dtype)
+    cases = [lambda t, i, j: t[i], lambda t, i, j: t[:, i], lambda t, i, j: t[:, :, j], lambda t, i, j: t[:, i[0]],
+             lambda t, i, j: t[:, i[:0]], lambda t, i, j: t[:0, i]]
+    for tiles in (None, [3, 4]):  # (indexing dim 0, its tiles are gathered first)
+        for fn in cases:
+            _parity(fn, x, i1, i2, tiles=tiles)
+    _in_c(python_tasks)
+
+
+@pytest.mark.parametrize("tiles", [None, [3, 4]])
+def test_index_out_of_range_raises_the_cpu_error_from_c(python_tasks, tiles):
+    x = torch.randint(0, 9, (7, 6))
+    for index in ([0, 6], [-7, 1], [2**40]):
+        i = torch.tensor(index)
+        with pytest.raises(IndexError) as cpu:
+            x[:, i]
+        with pytest.raises(IndexError, match=re.escape(str(cpu.value))):
+            _dev(x, tiles)[:, _dev(i)].cpu()
+        with contextlib.suppress(IndexError):  # the other tile's failure, unless it was counted with the first
+            torch_nntile.wait()
+    _in_c(python_tasks)
+    assert torch.equal(_dev(x, tiles)[:, _dev(torch.tensor([5, -6]))].cpu(), x[:, [5, -6]])
+
+
+def test_gpt2_step_ops_on_integer_and_bool_tiles_run_in_c(python_tasks):
+    """The integer and bool work of a GPT-2 training step (position ids, causal mask,
+    labels shifted by padding and slicing, a lookup of pad tokens) runs in C."""
+    ids = torch.randint(0, 50, (4, 16))
+    pad = torch.tensor([-1, 0])
+    scores = torch.randn(4, 1, 16, 16)
+
+    def step(ids, pad, scores):
+        pos = torch.arange(16, device=ids.device) + 0
+        causal = pos.view(1, 1, 1, 16) <= pos.view(1, 1, 16, 1)
+        masked = torch.where(causal.expand(4, 1, 16, 16), scores, torch.tensor(torch.finfo(torch.float32).min))
+        labels = F.pad(ids, (0, 1), value=-100)[:, 1:]
+        found = (ids[:, pad] == 0).any()
+        return masked, labels, found
+
+    want = step(ids, pad, scores)
+    got = step(_dev(ids), _dev(pad), _dev(scores))
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
+    _in_c(python_tasks)
+
+
+def test_numbers_equal_in_python_but_not_in_kind_get_their_own_c_records(python_tasks):
+    """``x == 16777217`` compares int64 values and ``x == 16777217.0`` float32 ones (as
+    on CPU): kernels whose numbers differ only by type are different kernels."""
+    x = torch.tensor([16777216, 16777217])
+    xn = _dev(x)
+    for v in (16777217, 16777217.0, 16777217, True, 1, 1.0):
+        assert torch.equal((xn == v).cpu(), x == v), v
+        assert torch.equal((xn * 0 + 1 == v).cpu(), x * 0 + 1 == v), v
+    _in_c(python_tasks)

@@ -248,8 +248,8 @@ def test_reused_steps_rebind_new_scalars_instead_of_preparing(steps, monkeypatch
 
 
 def test_rebound_python_tasks_run_their_new_scalars(steps, monkeypatch):
-    """Tasks that run as Python (int64 here: the C programs are float32) are rebound to
-    the new kernel too: each step computes with its own scalar."""
+    """Tasks that run as Python (float64 arithmetic here: the C programs are float32) are
+    rebound to the new kernel too: each step computes with its own scalar."""
     rt = SESSION_STATE.rt
     rebound = []
     real_rebind = rt.rebind
@@ -262,7 +262,7 @@ def test_rebound_python_tasks_run_their_new_scalars(steps, monkeypatch):
         return ok
 
     monkeypatch.setattr(rt, "rebind", rebind)
-    xi = torch.arange(12).reshape(3, 4)
+    xi = torch.arange(12, dtype=torch.float64).reshape(3, 4)
     xd = xi.to("nntile")
     for k in [3, 3, 3, 3, 4, 7]:
         assert torch.equal(((xd + 1) * k).cpu(), (xi + 1) * k)

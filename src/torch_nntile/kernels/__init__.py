@@ -31,30 +31,33 @@ class Kernel:
     def __call__(self, *tiles: torch.Tensor) -> None:
         self.fn(*self.params, *tiles)
 
-    def __eq__(self, other: object) -> bool:  # the hashes tell -0.0 from 0.0, which == does not
+    def __eq__(self, other: object) -> bool:  # the hashes tell -0.0 from 0.0, 1.0 from 1, which == does not
         return type(other) is Kernel and other.fn is self.fn and hash(other) == hash(self) and other.params == self.params
 
     def __hash__(self) -> int:  # worked out once: kernels of fused chains nest
         h = self._hash
         if h is None:
-            h = self._hash = hash((self.fn, self.params, _negative_zeros(self.params)))
+            h = self._hash = hash((self.fn, self.params, _number_kinds(self.params)))
         return h
 
     def __repr__(self) -> str:
         return f"Kernel({self.fn.__name__}{self.params!r})"
 
 
-def _negative_zeros(params: tuple[Any, ...]) -> int:
-    """Where ``-0.0`` sits among ``params`` (0 if nowhere): equal kernels must not differ
-    there (a fill of -0.0 is not one of 0.0). Nested kernels' hashes tell their own."""
+def _number_kinds(params: tuple[Any, ...]) -> int:
+    """Where floats (``-0.0`` apart) and bools sit among ``params`` (0 if nowhere): equal
+    kernels must not differ there, as numbers that compare equal may act differently (a
+    fill of -0.0 is not one of 0.0; ``x == 16777217`` compares int64 values where
+    ``x == 16777217.0`` compares float32 ones). Nested kernels' hashes tell their own."""
     out = 0
     for i, p in enumerate(params):
         t = type(p)
         if t is float:
-            if p == 0.0 and math.copysign(1.0, p) < 0:
-                out ^= hash(("-0", i))
+            out ^= hash(("-0" if p == 0.0 and math.copysign(1.0, p) < 0 else "f", i))
+        elif t is bool:
+            out ^= hash(("b", i))
         elif t is tuple:
-            inner = _negative_zeros(p)
+            inner = _number_kinds(p)
             if inner:
                 out ^= hash((i, inner))
     return out

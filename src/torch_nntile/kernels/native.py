@@ -4,13 +4,16 @@ workers can run without Python, and their programs.
 A kernel's program is worked out once (kernels are data, so equal kernels share it)
 by the translator registered for its function (``TRANSLATORS``); the translators of
 ``call_out`` and of fused chains look the ATen-level function up in ``RULES``. A
-task's record adds its tile shapes. Anything a rule does not know, any tile that is
-not float32, or a tile too large for 32-bit sizes keeps the Python kernel, which
-gives the same values through torch.
+task's record adds its tile shapes. A program that only copies its input runs on
+tiles of any dtype as a strided copy (``COPY_BOXES``); other tiles than float32 take
+the records of ``TYPED`` and ``CALLS`` (``kernels.typed``: comparisons, integer
+arithmetic, ``where``). Anything a rule does not know, or a tile too large for 32-bit
+sizes, keeps the Python kernel, which gives the same values through torch.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -79,7 +82,8 @@ VIEWS: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...
 """``Kernel.fn`` -> the (strides, offset) in elements by which input buffers are read,
 per output dim, for its params and tile shapes: buffers not named are read by
 broadcasting their shape (kernels that copy a view: permutations, strided views,
-boxes); it raises ``Unsupported`` for shapes it cannot express (Python runs the task)."""
+broadcasts); it raises ``Unsupported`` for shapes it cannot express (Python runs the
+task). A kernel here whose program only copies copies tiles of any dtype."""
 
 ROWS: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...], ...]],
                                         tuple[list[int], tuple[float, ...]] | None]] = {}
@@ -272,31 +276,43 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
     out = None
     small = all(numel(s) <= _BIG for s in shapes)
     if typed is not None and small:
-        out = typed(kernel.params, shapes, dtypes)
-    if out is None and all(d is _F32 for d in dtypes):
-        if rows is not None:
-            if small:
-                out = rows(kernel.params, shapes)
-        elif (prog := program(kernel, len(specs) - 1)) is not None:
-            views = VIEWS.get(fn)
-            try:
-                out = _layout(shapes, prog, views(kernel.params, shapes) if views is not None else {})
-            except Unsupported:  # a view these tile shapes cannot take
-                out = None
+        try:
+            out = typed(kernel.params, shapes, dtypes)
+        except Unsupported:
+            out = None
+    f32 = all(d is _F32 for d in dtypes)
+    if out is None and rows is not None:
+        if f32 and small:
+            out = rows(kernel.params, shapes)
+    elif out is None and (f32 or fn in VIEWS) and (prog := program(kernel, len(specs) - 1)) is not None:
+        views = VIEWS.get(fn)
+        try:
+            view = views(kernel.params, shapes) if views is not None else {}
+            if f32:
+                out = _layout(shapes, prog, view)
+            elif prog == _COPY_ONLY and small:  # a kernel copying a view: any dtype
+                out = _copy_record(shapes, dtypes, view)
+        except Unsupported:  # a view these tile shapes cannot take
+            out = None
     if len(_RECORDS) > _CACHED:
         _RECORDS.clear()
     _RECORDS[key] = out
     return out
 
 
-def _layout(shapes: tuple[tuple[int, ...], ...], prog: tuple[tuple[int, ...], tuple[float, ...]],
-            views: dict[int, tuple[tuple[int, ...], int]]) -> tuple[list[int], tuple[float, ...]] | None:
+_COPY_ONLY = ((COPY, 1, -1, -1, -1), ())  # the program of a kernel that copies its one input
+
+
+def _reads(shapes: tuple[tuple[int, ...], ...], views: dict[int, tuple[tuple[int, ...], int]]
+           ) -> tuple[tuple[int, ...], list[tuple[tuple[int, ...], int]]] | None:
+    """The output's shape (``(1,)`` for 0-dim) and, per buffer, the strides and offset
+    (in elements) by which it is read along the output's dims: from ``views``, else by
+    broadcasting; None where a buffer cannot be read so."""
     oshape = shapes[0] or (1,)
     nd = len(oshape)
-    if any(len(s) > nd for s in shapes) or nd > 16:
+    if nd > 16:
         return None
-    ints = [0, len(shapes), nd, *oshape]  # kind 0: an ew.h program
-    offsets = []
+    out = []
     for b, s in enumerate(shapes):
         n = numel(s)
         if n > _BIG:
@@ -304,29 +320,106 @@ def _layout(shapes: tuple[tuple[int, ...], ...], prog: tuple[tuple[int, ...], tu
         view = views.get(b)
         if view is not None:
             strides, offset = view
+            if not shapes[0]:
+                strides = (0,) * (nd - len(strides)) + tuple(strides)  # a 0-dim output: one element
             if len(strides) != nd:
                 return None
-            last = offset + sum((n - 1) * st for n, st in zip(oshape, strides))
-            if n and not 0 <= offset <= last < n:  # reads inside its tile only
+            last = offset + sum((e - 1) * st for e, st in zip(oshape, strides))
+            if n and 0 not in oshape and not 0 <= offset <= last < n:  # reads inside its tile only
                 return None
-            ints += strides
-            offsets.append(offset)
+            out.append((tuple(strides), offset))
             continue
-        s = (1,) * (nd - len(s)) + tuple(s)
-        strides = [0] * nd
-        step = 1
-        for d in range(nd - 1, -1, -1):
-            if s[d] != oshape[d] and s[d] != 1:
-                return None
-            strides[d] = step if s[d] != 1 else 0
-            step *= s[d]
+        strides = broadcast_strides(s, oshape)
+        if strides is None:
+            return None
+        out.append((strides, 0))
+    return oshape, out
+
+
+def broadcast_strides(shape: tuple[int, ...], oshape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides (0 along broadcast dims) by which a contiguous tile of ``shape`` is
+    read along the dims of ``oshape`` (right-aligned, as PyTorch broadcasts), or None."""
+    nd = len(oshape)
+    if len(shape) > nd:
+        return None
+    s = (1,) * (nd - len(shape)) + tuple(shape)
+    strides = [0] * nd
+    step = 1
+    for d in range(nd - 1, -1, -1):
+        if s[d] != oshape[d] and s[d] != 1:
+            return None
+        strides[d] = step if s[d] != 1 else 0
+        step *= s[d]
+    return tuple(strides)
+
+
+def _layout(shapes: tuple[tuple[int, ...], ...], prog: tuple[tuple[int, ...], tuple[float, ...]],
+            views: dict[int, tuple[tuple[int, ...], int]]) -> tuple[list[int], tuple[float, ...]] | None:
+    got = _reads(shapes, views)
+    if got is None:
+        return None
+    oshape, reads = got
+    ints = [0, len(shapes), len(oshape), *oshape]  # kind 0: an ew.h program
+    for strides, _ in reads:
         ints += strides
-        offsets.append(0)
-    ints += offsets
+    ints += [offset for _, offset in reads]
     steps, consts = prog
     ints.append(len(steps) // 5)
     ints += steps
     return ints, consts
+
+
+def _copy_record(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[torch.dtype, ...],
+                 views: dict[int, tuple[tuple[int, ...], int]]) -> tuple[list[int], tuple[float, ...]] | None:
+    """A copy-only program on tiles of another dtype than float32: one strided box."""
+    got = _reads(shapes, views)
+    if got is None or dtypes[0] is not dtypes[1]:
+        return None
+    oshape, reads = got
+    strides, offset = reads[1]
+    return copy_boxes_record(dtypes[0], oshape, [(1, numel(shapes[1]), offset, (0,) * len(oshape), oshape, strides)])
+
+
+Box = tuple[int, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+"""A box of ``COPY_BOXES``: source buffer, its element count, offset of the box's first
+element there, the box's start in the destination, its extent, the source's strides."""
+
+
+def copy_boxes_record(dtype: torch.dtype, dshape: tuple[int, ...], boxes: list[Box],
+                      fill: Any = None) -> tuple[list[int], tuple[float, ...]] | None:
+    """The ``COPY_BOXES`` record of ``boxes`` into a tile of ``dshape`` and ``dtype`` (all
+    of it first filled with ``fill`` unless None; a 0-dim tile is one of shape ``(1,)``),
+    or None for a dtype it cannot copy."""
+    esize = ELEMENT_SIZES.get(dtype)
+    if esize is None or len(dshape) > 16:
+        return None
+    if not dshape:
+        dshape = (1,)
+        boxes = [(src, n, off, (0,), (1,), (0,)) for src, n, off, *_ in boxes]
+    words = (0, 0) if fill is None else fill_words(fill, dtype)
+    if words is None:
+        return None
+    ints = [COPY_BOXES, esize, len(dshape), len(boxes), int(fill is not None), *words, *dshape]
+    for src, n, off, dlo, ext, strides in boxes:
+        ints += (src, n, off, *dlo, *ext, *strides)
+    return ints, ()
+
+
+def fill_words(value: Any, dtype: torch.dtype) -> tuple[int, int] | None:
+    """The element ``o.fill_(value)`` writes into a tile of ``dtype``, as the low and
+    high 32 bits (signed) of its bytes; None where that fill raises (Python then does)."""
+    try:
+        t = torch.empty(1, dtype=dtype).fill_(value)
+    except (RuntimeError, TypeError, ValueError, OverflowError):
+        return None
+    raw = bytes(t.view(torch.uint8).tolist()).ljust(8, b"\0")
+    return struct.unpack("<ii", raw)
+
+
+ELEMENT_SIZES = {dt: dt.itemsize for dt in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                                            torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                            torch.complex64)}
+"""The dtypes tiles are copied of in C, by their element sizes (bits are moved as they are)."""
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -346,16 +439,19 @@ def numel(shape: tuple[int, ...]) -> int:
 
 # csrc/rows.h kinds
 (SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD, COPY_BOXES, SUM, GATHER, EMBEDDING_GRAD, NLL, NLL_WEIGHT,
- NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE) = range(1, 18)
+ NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE, MAP, ANY, INDEX) = range(1, 21)
 INDEX_DTYPES = (torch.int64, torch.int32)  # index tiles the C kernels read (1: int64, 0: int32)
 # what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU
-BAD_INDEX, BAD_TARGET = 1, 2
+BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT = 1, 2, 3
 
 
-def input_error(code: int, value: int) -> BaseException:
-    """The exception PyTorch's CPU kernel raises where a C kernel reported ``code``."""
+def input_error(code: int, value: int, dim: int = 0, size: int = 0) -> BaseException:
+    """The exception PyTorch's CPU kernel raises where a C kernel reported ``code``
+    (``dim`` and ``size``: those of an index out of bounds)."""
     if code == BAD_TARGET:
         return IndexError(f"Target {value} is out of bounds.")
+    if code == BAD_SUBSCRIPT:
+        return IndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
     return IndexError("index out of range in self")
 
 

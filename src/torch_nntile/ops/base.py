@@ -15,6 +15,7 @@ import torch
 from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import SESSION, DataNode, OpNode
 from torch_nntile.kernels import CpuScalar, Kernel, native
+from torch_nntile.kernels import typed as _typed  # noqa: F401 - its native.CALLS: comparisons, integer maps, where
 from torch_nntile.tiling.tiles import RW, Arg, Lowering, R, TileArray, W
 
 

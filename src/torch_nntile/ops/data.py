@@ -48,6 +48,16 @@ def fill_tile(value: float | int | bool, o: torch.Tensor) -> None:
 native.TRANSLATORS[fill_tile] = lambda p, params, refs: p.emit(native.COPY, params[0])
 
 
+def _fill_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+               dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    """Fills of other dtypes than float32 (whose program above runs them): a box copy
+    with no box."""
+    return None if dtypes[0] is torch.float32 else native.copy_boxes_record(dtypes[0], shapes[0], [], params[0])
+
+
+native.TYPED[fill_tile] = _fill_rows
+
+
 def _lower_fill(ctx: Lowering, node: OpNode) -> None:
     value = node.attrs
     out = ctx.output(node.outputs[0])

@@ -142,25 +142,27 @@ def copy_box_tile(value: Any, boxes: tuple[Any, ...], o: torch.Tensor, *srcs: to
         o[tuple(slice(a, b) for a, b in dbox)].copy_(part.flip(rev) if rev else part)
 
 
-def _box_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
-    """One box, not reversed: a strided copy in C (``_box_view`` checks it fills the tile)."""
-    _, boxes = params
-    if len(boxes) != 1 or boxes[0][3]:
-        raise native.Unsupported
-    return p.emit(native.COPY, refs[0])
+def _box_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+              dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    """The fill and the boxes as strided copies in C, of tiles of one dtype: a reversed
+    dim is read from its box's end by a negative stride."""
+    value, boxes = params
+    if any(d is not dtypes[0] for d in dtypes):
+        return None
+    out = []
+    for pos, dbox, sbox, rev in boxes:
+        sshape = shapes[1 + pos]
+        cs = native.contiguous_strides(sshape)
+        if any(b - a != d - c for (a, b), (c, d) in zip(dbox, sbox)):
+            return None
+        strides = tuple(-st if d in rev else st for d, st in enumerate(cs))
+        offset = sum((b - 1 if d in rev and b > a else a) * st for d, ((a, b), st) in enumerate(zip(sbox, cs)))
+        out.append((1 + pos, native.numel(sshape), offset, tuple(a for a, _ in dbox), tuple(b - a for a, b in dbox),
+                    strides))
+    return native.copy_boxes_record(dtypes[0], shapes[0], out, value)
 
 
-def _box_view(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> dict[int, tuple[tuple[int, ...], int]]:
-    """Where the one box reads its source: at its start, by the source's strides."""
-    _, ((_, dbox, sbox, _),) = params
-    if any(a != 0 or b != n for (a, b), n in zip(dbox, shapes[0])):
-        raise native.Unsupported  # part of the tile is fill (or another box's)
-    cs = native.contiguous_strides(shapes[1])
-    return {1: (cs, sum(a * c for (a, _), c in zip(sbox, cs)))}
-
-
-native.TRANSLATORS[copy_box_tile] = _box_program
-native.VIEWS[copy_box_tile] = _box_view
+native.TYPED[copy_box_tile] = _box_rows
 
 
 def _lower_boxes(ctx: Lowering, node: OpNode) -> None:
@@ -229,6 +231,28 @@ def _index_list(pattern: tuple[bool, ...], its: tuple[torch.Tensor, ...]) -> lis
 
 def index_tile(pattern: tuple[bool, ...], o: torch.Tensor, x: torch.Tensor, *its: torch.Tensor) -> None:
     torch.ops.aten.index.Tensor_out(x, _index_list(pattern, its), out=o)
+
+
+def _index_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    """One integer index tile along one dim of a tile of any dtype runs in C (checking
+    the indices as CPU does); masks and several index tiles stay Python."""
+    (pattern,) = params
+    if len(shapes) != 3 or pattern.count(True) != 1 or dtypes[0] is not dtypes[1] \
+            or dtypes[2] not in native.INDEX_DTYPES or dtypes[0] not in native.ELEMENT_SIZES:
+        return None
+    o, x, i = shapes
+    d = pattern.index(True)
+    if d >= len(x) or tuple(o) != tuple(x[:d]) + tuple(i) + tuple(x[d + 1:]):
+        return None
+    k = native.numel(i)
+    if x[d] == 0 and k:
+        return None  # CPU's own error for an empty dim: Python raises it
+    return [native.INDEX, native.numel(x[:d]), x[d], native.numel(x[d + 1:]), k, native.ELEMENT_SIZES[dtypes[0]],
+            int(dtypes[2] is torch.int64), 0], ()
+
+
+native.TYPED[index_tile] = _index_rows
 
 
 def index_put_tile(pattern: tuple[bool, ...], accumulate: bool, o: torch.Tensor, x: torch.Tensor, v: torch.Tensor,

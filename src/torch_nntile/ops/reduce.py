@@ -379,6 +379,24 @@ def anyall_combine(dims: tuple[int, ...], keepdim: bool, params: tuple, sizes: t
     o.copy_((s.any(0) if params[0] else s.all(0)).reshape(o.shape))
 
 
+def _anyall_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                 dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    """any / all of a bool (or uint8) tile over consecutive dims, whole or partial, in C."""
+    dims, _, (is_any,) = params
+    x = shapes[1]
+    if dtypes[1] not in (torch.bool, torch.uint8) or dtypes[0] is not dtypes[1]:
+        return None
+    if (list(dims) != list(range(dims[0], dims[-1] + 1))) if dims else x:
+        return None  # (no dims: a 0-dim tile)
+    lo, hi = (dims[0], dims[-1] + 1) if dims else (0, 0)
+    outer, inner = native.numel(x[:lo]), native.numel(x[hi:])
+    if native.numel(shapes[0]) != outer * inner:
+        return None
+    return [native.ANY, outer, native.numel(x[lo:hi]), inner, int(not is_any)], ()
+
+
+native.TYPED[anyall_whole] = native.TYPED[anyall_partial] = _anyall_rows
+
 ANYALL = Reduction("any", anyall_whole, anyall_partial, anyall_combine, lambda dt, p: (torch.bool,))
 
 

@@ -177,6 +177,8 @@ def expand_tile(o: torch.Tensor, t: torch.Tensor) -> None:
 
 
 EXPAND_TILE = Kernel(expand_tile)
+native.TRANSLATORS[expand_tile] = _copy_program
+native.VIEWS[expand_tile] = lambda params, shapes: {}  # the input is read by broadcasting
 
 
 def _lower_expand(ctx: Lowering, node: OpNode) -> None:

@@ -842,12 +842,12 @@ def _bind_callback(ffi: Any) -> None:
         return _new_failure(Failure("(runtime callback)", exc))
 
     @ffi.def_extern(onerror=_internal_error)
-    def _tnt_input_error(nid: int, code: int, value: int) -> int:
+    def _tnt_input_error(nid: int, code: int, value: int, dim: int, size: int) -> int:
         """A C kernel found a bad value in its inputs (rare: the GIL is taken only then)."""
         rt = _CURRENT
         names = rt._name_ids() if rt is not None else []
         name = next((n for n, i in names if i == nid), "(C kernel)")
-        return _new_failure(Failure(name, native_input_error(code, value)))
+        return _new_failure(Failure(name, native_input_error(code, value, dim, size)))
 
     @ffi.def_extern(onerror=_internal_error)
     def _tnt_kernel(key: int, ptrs: Any, n: int, worker: int, failed: int) -> int:  # noqa: ANN001

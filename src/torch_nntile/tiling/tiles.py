@@ -446,21 +446,21 @@ def copy_boxes(boxes: tuple[Box, ...], dst: torch.Tensor, *srcs: torch.Tensor) -
         dst[tuple(slice(a, b) for a, b in dbox)].copy_(s[tuple(slice(a, b) for a, b in sbox)])
 
 
-def _copy_boxes_record(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+def _copy_boxes_record(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                       dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    """Boxes of tiles of one dtype (any) are strided copies in C; casts stay Python."""
     (boxes,) = params
-    nd = len(shapes[0])
-    if nd == 0 or len(boxes) != len(shapes) - 1:
+    if len(boxes) != len(shapes) - 1 or any(d is not dtypes[0] for d in dtypes):
         return None
-    ints = [native.COPY_BOXES, nd, len(boxes), *shapes[0]]
-    for (dbox, sbox), sshape in zip(boxes, shapes[1:]):
-        ints += sshape
-        ints += [lo for lo, _ in dbox]
-        ints += [lo for lo, _ in sbox]
-        ints += [hi - lo for lo, hi in dbox]
-    return ints, ()
+    out = []
+    for b, ((dbox, sbox), sshape) in enumerate(zip(boxes, shapes[1:])):
+        cs = native.contiguous_strides(sshape)
+        out.append((b + 1, native.numel(sshape), sum(lo * st for (lo, _), st in zip(sbox, cs)),
+                    tuple(lo for lo, _ in dbox), tuple(hi - lo for lo, hi in dbox), cs))
+    return native.copy_boxes_record(dtypes[0], shapes[0], out)
 
 
-native.ROWS[copy_boxes] = _copy_boxes_record
+native.TYPED[copy_boxes] = _copy_boxes_record
 
 
 def _raise(err: BaseException, *tiles: torch.Tensor) -> None:

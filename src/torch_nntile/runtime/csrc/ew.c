@@ -4,12 +4,16 @@
    compiler vectorizes. */
 #include "ew.h"
 #include "fmath.h"
+#include "typed.h"
+#include "walk.h"
 
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
 
 #define BLOCK 256
+
+_Static_assert(TNT_EW_MAXDIM == TNT_WALK_MAXDIM, "programs walk their dims with walk.h");
 
 int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf)
 {
@@ -120,59 +124,8 @@ static void step(int op, int n, float *restrict o, const float *a, const float *
     }
 }
 
-/* Merges neighbouring dims that every operand walks as one (contiguous or broadcast
-   in both); returns the new dim count. Size-1 dims go first. */
-static int collapse(int nd, int nb, int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM])
-{
-    int out = 0;
-    for (int d = 0; d < nd; d++) {
-        if (shape[d] == 1 && nd > 1)
-            continue;
-        if (out > 0) {
-            int ok = 1;
-            for (int b = 0; b < nb && ok; b++)
-                ok = str[b][out - 1] == str[b][d] * shape[d];
-            if (ok) {
-                shape[out - 1] *= shape[d];
-                for (int b = 0; b < nb; b++)
-                    str[b][out - 1] = str[b][d];
-                continue;
-            }
-        }
-        shape[out] = shape[d];
-        for (int b = 0; b < nb; b++)
-            str[b][out] = str[b][d];
-        out++;
-    }
-    if (out == 0) {
-        shape[0] = 1;
-        for (int b = 0; b < nb; b++)
-            str[b][0] = 0;
-        out = 1;
-    }
-    return out;
-}
-
 static __thread float temp[TNT_EW_MAXSTEPS][BLOCK];
 static __thread float gathered[TNT_EW_CONST][BLOCK];
-
-/* Where buffer b's element at index idx (its first nd dims) lies. */
-static inline int64_t offset_of(int64_t base, const int64_t *idx, const int64_t *stride, int nd)
-{
-    for (int d = 0; d < nd; d++)
-        base += idx[d] * stride[d];
-    return base;
-}
-
-/* The next index over dims 0..nd-1 of shape (the last fastest). */
-static inline void next_index(int64_t *idx, const int64_t *shape, int nd)
-{
-    for (int d = nd - 1; d >= 0; d--) {
-        if (++idx[d] < shape[d])
-            break;
-        idx[d] = 0;
-    }
-}
 
 /* n values, stride apart in p, to q. */
 static inline void copy_row(float *q, const float *p, int64_t n, int64_t stride)
@@ -216,52 +169,14 @@ static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[
         float *out = (float *)bufs[0] + o0 * inner;
         for (int64_t k = 0; k < r; k++) {
             for (int b = 1; b < nb; b++)
-                copy_row(gathered[b] + k * inner, (const float *)bufs[b] + offset_of(offsets[b], idx, str[b], nd - 1),
+                copy_row(gathered[b] + k * inner, (const float *)bufs[b] + tnt_offset_of(offsets[b], idx, str[b], nd - 1),
                          inner, str[b][nd - 1]);
-            next_index(idx, shape, nd - 1);
+            tnt_next_index(idx, shape, nd - 1);
         }
         src[0] = out;
         for (int b = 1; b < nb; b++)
             src[b] = gathered[b];
         run_steps(steps, ns, (int)(r * inner), out, src, cval);
-    }
-}
-
-#define TRANSPOSE_BLOCK 32  /* a side of the blocks a swap of the last two dims is copied in */
-
-/* A program that only copies buffer 1 (a permutation, a strided view) writes the
-   output row by row, straight from the source: memcpy where the source row is
-   contiguous; where the last two dims are swapped (the source's stride 1 is along
-   the output's second-last dim), in square blocks, whose source lines stay in cache
-   while they are read across. */
-static void copy_only(int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM], const int32_t *offsets,
-                      void *const *bufs, int64_t outer)
-{
-    int64_t inner = shape[nd - 1], si = str[1][nd - 1];
-    float *out = (float *)bufs[0];
-    const float *in = (const float *)bufs[1] + offsets[1];
-    int64_t idx[TNT_EW_MAXDIM] = {0};
-    if (si != 1 && nd >= 2 && str[1][nd - 2] == 1) {
-        int64_t a = shape[nd - 2], planes = outer / a;
-        for (int64_t pl = 0; pl < planes; pl++) {
-            const float *p = in + offset_of(0, idx, str[1], nd - 2);
-            float *o = out + pl * a * inner;
-            for (int64_t i0 = 0; i0 < a; i0 += TRANSPOSE_BLOCK) {
-                int64_t i1 = a - i0 < TRANSPOSE_BLOCK ? a : i0 + TRANSPOSE_BLOCK;
-                for (int64_t j0 = 0; j0 < inner; j0 += TRANSPOSE_BLOCK) {
-                    int64_t j1 = inner - j0 < TRANSPOSE_BLOCK ? inner : j0 + TRANSPOSE_BLOCK;
-                    for (int64_t i = i0; i < i1; i++)
-                        for (int64_t j = j0; j < j1; j++)
-                            o[i * inner + j] = p[i + j * si];
-                }
-            }
-            next_index(idx, shape, nd - 2);
-        }
-        return;
-    }
-    for (int64_t o = 0; o < outer; o++) {
-        copy_row(out + o * inner, in + offset_of(0, idx, str[1], nd - 1), inner, si);
-        next_index(idx, shape, nd - 1);
     }
 }
 
@@ -280,11 +195,11 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
         return;
     const int32_t *offsets = prog + 2 + nd + nb * nd, *steps = offsets + nb + 1;
     int ns = steps[-1];
-    nd = collapse(nd, nb, shape, str);
-    if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1) {
-        copy_only(nd, shape, str, offsets, bufs, total / shape[nd - 1]);
+    if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1) {  /* a permutation, a strided view */
+        tnt_copy_strided(sizeof(float), nd, shape, str, bufs[0], (const float *)bufs[1] + offsets[1]);
         return;
     }
+    nd = tnt_collapse(nd, nb, shape, str);
 
     float cval[TNT_EW_TEMP - TNT_EW_CONST][BLOCK];  /* constants as blocks, made once */
     int nconst_used = 0;
@@ -309,7 +224,7 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
     for (int64_t o = 0; o < outer; o++) {
         int64_t off[TNT_EW_CONST];
         for (int b = 0; b < nb; b++)
-            off[b] = offset_of(offsets[b], idx, str[b], nd - 1);
+            off[b] = tnt_offset_of(offsets[b], idx, str[b], nd - 1);
         for (int64_t j0 = 0; j0 < inner; j0 += BLOCK) {
             int n = (int)(inner - j0 < BLOCK ? inner - j0 : BLOCK);
             for (int b = 1; b < nb; b++) {
@@ -326,6 +241,6 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
             src[0] = out;
             run_steps(steps, ns, n, out, src, cval);
         }
-        next_index(idx, shape, nd - 1);
+        tnt_next_index(idx, shape, nd - 1);
     }
 }

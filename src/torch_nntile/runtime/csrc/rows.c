@@ -4,6 +4,7 @@
 #include "fmath.h"
 #include "lanes.h"
 #include "nn.h"
+#include "typed.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -32,72 +33,14 @@ static int nbuf_of(int kind, const int32_t *p)
     }
 }
 
-#define MAXDIM 16
-
-static int copy_boxes_check(const int32_t *p, int nints, int nbuf)
-{
-    if (nints < 2)
-        return -1;
-    int nd = p[0], ns = p[1];
-    if (nd < 1 || nd > MAXDIM || ns < 0 || ns + 1 != nbuf || nints != 2 + nd + 4 * nd * ns)
-        return -1;
-    const int32_t *dshape = p + 2;
-    for (int s = 0; s < ns; s++) {
-        const int32_t *q = p + 2 + nd + 4 * nd * s, *sshape = q, *dlo = q + nd, *slo = q + 2 * nd, *ext = q + 3 * nd;
-        for (int d = 0; d < nd; d++)
-            if (ext[d] < 0 || dlo[d] < 0 || slo[d] < 0 || (int64_t)dlo[d] + ext[d] > dshape[d]
-                || (int64_t)slo[d] + ext[d] > sshape[d])
-                return -1;
-    }
-    return 0;
-}
-
-/* Each source's box into the destination, by contiguous runs of the last dim. */
-static void copy_boxes(const int32_t *p, void *const *bufs)
-{
-    int nd = p[0], ns = p[1];
-    const int32_t *dshape = p + 2;
-    int64_t dstr[MAXDIM], sstr[MAXDIM];
-    dstr[nd - 1] = 1;
-    for (int d = nd - 2; d >= 0; d--)
-        dstr[d] = dstr[d + 1] * dshape[d + 1];
-    float *dst = bufs[0];
-    for (int s = 0; s < ns; s++) {
-        const int32_t *q = p + 2 + nd + 4 * nd * s, *sshape = q, *dlo = q + nd, *slo = q + 2 * nd, *ext = q + 3 * nd;
-        const float *src = bufs[1 + s];
-        sstr[nd - 1] = 1;
-        for (int d = nd - 2; d >= 0; d--)
-            sstr[d] = sstr[d + 1] * sshape[d + 1];
-        int64_t runs = 1;
-        for (int d = 0; d < nd - 1; d++)
-            runs *= ext[d];
-        if (runs == 0 || ext[nd - 1] == 0)
-            continue;
-        int64_t idx[MAXDIM] = { 0 };
-        for (int64_t r = 0; r < runs; r++) {
-            int64_t doff = dlo[nd - 1], soff = slo[nd - 1];
-            for (int d = 0; d < nd - 1; d++) {
-                doff += (dlo[d] + idx[d]) * dstr[d];
-                soff += (slo[d] + idx[d]) * sstr[d];
-            }
-            memcpy(dst + doff, src + soff, (size_t)ext[nd - 1] * sizeof(float));
-            for (int d = nd - 2; d >= 0; d--) {
-                if (++idx[d] < ext[d])
-                    break;
-                idx[d] = 0;
-            }
-        }
-    }
-}
-
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
 {
     /* parameters per kind, how many of the first ones are sizes (never negative), constants */
     static const int want[TNT_ROWS_NKINDS] = { 0, 4, 4, 4, 6, -1, 4, 4, 6, 6, 2, 6, 3, 6, 5, 3, 5, 6 };
     static const int sizes[TNT_ROWS_NKINDS] = { 0, 3, 3, 2, 2, 0, 3, 3, 3, 4, 1, 3, 3, 1, 1, 2, 2, 4 };
     static const int nconsts[TNT_ROWS_NKINDS] = { 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 4, 7, 1, 0, 0 };
-    if (kind == TNT_ROWS_COPY_BOXES)
-        return copy_boxes_check(p, nints, nbuf);
+    if (kind == TNT_ROWS_COPY_BOXES || (kind >= TNT_ROWS_MAP && kind < TNT_ROWS_NKINDS))
+        return nconst == 0 ? tnt_typed_check(kind, p, nints, nbuf) : -1;
     if (kind < TNT_ROWS_SOFTMAX || kind >= TNT_ROWS_NKINDS || nints != want[kind] || nconst != nconsts[kind])
         return -1;
     for (int i = 0; i < sizes[kind]; i++)
@@ -307,19 +250,8 @@ static inline int64_t index_at(const void *index, int index64, int64_t i)
 /* o[i] = w[index[i]]: rows of an embedding, index_select along dim 0 */
 static int gather_rows(const int32_t *p, void *const *bufs, int64_t *bad)
 {
-    int64_t k = p[0], d = p[1], nw = p[2];
-    int index64 = p[3];
-    float *o = bufs[0];
-    const float *w = bufs[1];
-    for (int64_t i = 0; i < k; i++) {
-        int64_t r = index_at(bufs[2], index64, i);
-        if (r < 0 || r >= nw) {
-            *bad = r;
-            return TNT_ROWS_BAD_INDEX;
-        }
-        memcpy(o + i * d, w + r * d, (size_t)d * sizeof(float));
-    }
-    return TNT_ROWS_OK;
+    return tnt_take(1, p[2], p[1], p[0], sizeof(float), 0, bufs[2], p[3], bufs[0], bufs[1], bad)
+           ? TNT_ROWS_BAD_INDEX : TNT_ROWS_OK;
 }
 
 /* o[index[i]] += g[i] but for rows of padding_idx (zeros first unless accumulating).
@@ -427,7 +359,8 @@ int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *
     case TNT_ROWS_SOFTMAX_BACKWARD: softmax_backward(p, bufs); break;
     case TNT_ROWS_LAYER_NORM: layer_norm(p, consts, bufs); break;
     case TNT_ROWS_LAYER_NORM_GRAD: layer_norm_grad(p, bufs); break;
-    case TNT_ROWS_COPY_BOXES: copy_boxes(p, bufs); break;
+    case TNT_ROWS_COPY_BOXES: case TNT_ROWS_MAP: case TNT_ROWS_ANY: case TNT_ROWS_INDEX:
+        return tnt_typed_run(kind, p, bufs, bad);
     case TNT_ROWS_SUM: sum_middle(p, bufs); break;
     case TNT_ROWS_GATHER: return gather_rows(p, bufs, bad);
     case TNT_ROWS_EMBEDDING_GRAD: embedding_grad(p, bufs); break;

@@ -1,18 +1,24 @@
 /* Row-wise float32 tile kernels run in C on the StarPU workers: softmax and
-   log-softmax with their backward, layer norm with its backward; and the box copies
-   of re-tilings and concatenations; sums, lookups, losses; optimizer updates, RMS
-   norm and rotary embedding (nn.c). A tile is read as
-   [outer, n, inner] with the reduced extent n in the middle (inner = 1 when the
-   reduced dims are the trailing ones). Parameters (int32) after the kind:
+   log-softmax with their backward, layer norm with its backward; sums, lookups,
+   losses; optimizer updates, RMS norm and rotary embedding (nn.c); and kernels over
+   tiles of any dtype (typed.c): strided copies (views, broadcasts, re-tilings,
+   concatenations, padding, flips), typed elementwise maps, any / all, indexing. A
+   tile is read as [outer, n, inner] with the reduced extent n in the middle (inner =
+   1 when the reduced dims are the trailing ones). Parameters (int32) after the kind:
 
      TNT_ROWS_SOFTMAX          outer, n, inner, log          buffers: o, x
      TNT_ROWS_SOFTMAX_BACKWARD outer, n, inner, log          buffers: o, g, y
      TNT_ROWS_LAYER_NORM       rows, n, has_w, has_b          buffers: y, mean, rstd, x, [w], [b]; eps
      TNT_ROWS_LAYER_NORM_GRAD  rows, n, which, has_w, has_b, accumulate
                                buffers: o, g, x, mean, rstd, [w], [b]  (which: 0 input, 1 weight, 2 bias)
-     TNT_ROWS_COPY_BOXES       ndim, nsrc, dshape[ndim], then per source:
-                               sshape[ndim], dlo[ndim], slo[ndim], extent[ndim]
-                               buffers: dst, src...  (each source's box into the destination)
+     TNT_ROWS_COPY_BOXES       esize, ndim, nbox, fill, fill_lo, fill_hi, dshape[ndim], then per box:
+                               src, snumel, soff, dlo[ndim], extent[ndim], sstride[ndim]
+                               buffers: dst, src...  (elements of esize bytes: 1, 2, 4 or 8. With
+                               fill 1, all of dst is first set to the element whose bytes are
+                               fill_lo, fill_hi (its low and high 32 bits); then each box of dst,
+                               extent from dlo on, is read from buffer src (of snumel elements) at
+                               soff + sum of i_d sstride_d: a view, a broadcast (stride 0), a
+                               reversal (negative strides))
      TNT_ROWS_SUM              outer, n, inner, accumulate   buffers: o, x  (o[outer, inner])
      TNT_ROWS_GATHER           k, d, nw, index64             buffers: o[k, d], w[nw, d], index[k]
      TNT_ROWS_EMBEDDING_GRAD   k, d, nw, padding_idx, index64, accumulate
@@ -36,13 +42,31 @@
                                buffers: o, g, x, rstd, [w]  (which: 0 input, 1 weight)
      TNT_ROWS_ROPE             b, s, d, h, per_batch, transpose
                                buffers: y, x [b, s, d, h], cos, sin ([s, d], or [b, s, d] per batch)
+     TNT_ROWS_MAP              op, ctype, otype, ndim, shape[ndim], then per operand of op:
+                               type, buf, lo, hi, strides[ndim]
+                               buffers: o (contiguous, of otype), then the operands' tiles (buf 1 on;
+                               buf -1: an immediate, lo and hi the 32-bit halves of an int64 for an
+                               operand read as integers, of a double's bits else). Operands (of
+                               their type, read by strides in elements) are converted to ctype
+                               (TNT_T_I64 for every integer and bool type, TNT_T_F32, TNT_T_F64;
+                               where's condition is read as integers), op applied, the result
+                               stored as otype (bool for comparisons; integers wrap)
+     TNT_ROWS_ANY              outer, n, inner, all          buffers: o[outer, inner], x[outer, n, inner]
+                               (bytes, bool or uint8: 1 where any / all of x's bytes are nonzero)
+     TNT_ROWS_INDEX            outer, n, inner, k, esize, index64, dim
+                               buffers: o[outer, k, inner], x[outer, n, inner], index[k]  (elements
+                               of esize bytes; negative indices count from the end; one outside
+                               [-n, n) fails the task: TNT_ROWS_BAD_SUBSCRIPT, with dim, the index
+                               tile's position in the index list, and n)
 
-   The kinds from TNT_ROWS_SGD on are in nn.c.
+   The kinds from TNT_ROWS_SGD to TNT_ROWS_ROPE are in nn.c; TNT_ROWS_COPY_BOXES and
+   those from TNT_ROWS_MAP on in typed.c.
 
    Tiles are float32 but for index and target tiles (int64, or int32 where index64 is
-   0) and the int64 output of TNT_ROWS_ARANGE.
+   0), the int64 output of TNT_ROWS_ARANGE, and the tiles of typed.c's kinds.
 
-   Kinds and layouts are mirrored in kernels/native.py. */
+   Kinds and layouts are mirrored in kernels/native.py, the element types and map ops
+   in kernels/typed.py. */
 #ifndef TNT_ROWS_H
 #define TNT_ROWS_H
 
@@ -51,17 +75,27 @@
 enum { TNT_ROWS_SOFTMAX = 1, TNT_ROWS_SOFTMAX_BACKWARD, TNT_ROWS_LAYER_NORM, TNT_ROWS_LAYER_NORM_GRAD,
        TNT_ROWS_COPY_BOXES, TNT_ROWS_SUM, TNT_ROWS_GATHER, TNT_ROWS_EMBEDDING_GRAD, TNT_ROWS_NLL,
        TNT_ROWS_NLL_WEIGHT, TNT_ROWS_NLL_GRAD, TNT_ROWS_ARANGE, TNT_ROWS_SGD, TNT_ROWS_ADAMW, TNT_ROWS_RMS_NORM,
-       TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_NKINDS };
+       TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_MAP, TNT_ROWS_ANY, TNT_ROWS_INDEX, TNT_ROWS_NKINDS };
+
+/* Element types of TNT_ROWS_MAP operands and results. */
+enum { TNT_T_BOOL = 0, TNT_T_U8, TNT_T_I8, TNT_T_I16, TNT_T_I32, TNT_T_I64, TNT_T_F32, TNT_T_F64, TNT_T_NTYPES };
+
+/* TNT_ROWS_MAP's ops, with their operands: comparisons (a, b; the result bool),
+   integer arithmetic (ctype TNT_T_I64, wrapping: a + c * b, a - c * b, a * b), and
+   where (cond, a, b: a where cond is nonzero, else b). */
+enum { TNT_MAP_EQ = 0, TNT_MAP_NE, TNT_MAP_LT, TNT_MAP_LE, TNT_MAP_GT, TNT_MAP_GE, TNT_MAP_ADD, TNT_MAP_SUB,
+       TNT_MAP_MUL, TNT_MAP_WHERE, TNT_MAP_NOPS };
 
 /* What a kernel found wrong in its input values (the task fails with the matching
-   Python exception, named in runtime/context.py): an index out of range, a target
-   out of bounds. *bad is the offending value. */
-enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET };
+   Python exception, named in runtime/context.py): an index out of range (of a lookup,
+   of an index tile), a target out of bounds. bad[0] is the offending value; for
+   TNT_ROWS_BAD_SUBSCRIPT bad[1] and bad[2] are the dim and its size. */
+enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET, TNT_ROWS_BAD_SUBSCRIPT };
 
 /* 0 when ``p`` (``nints`` values after the kind) fits kind ``kind`` with ``nbuf`` buffers. */
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf);
 
-/* TNT_ROWS_OK, or what was wrong (then *bad says which value). */
+/* TNT_ROWS_OK, or what was wrong (then bad[0..2] say which value). */
 int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *bufs, int64_t *bad);
 
 #endif

@@ -1,7 +1,7 @@
 /* The StarPU shim (interface in shim.h): tile memory and handles, task submission in
    batches, the codelets that run tiles in C (products through BLAS, elementwise and
-   row programs from ew.c / rows.c) or through the Python callback, failures carried
-   by tiles, and the per-kernel counts and trace events.
+   row programs from ew.c / rows.c / typed.c) or through the Python callback, failures
+   carried by tiles, and the per-kernel counts and trace events.
 
    Tile memory is allocated here, not by StarPU: StarPU waits forever for memory that
    cannot be had, while a failed allocation here is known at once and becomes a failure
@@ -469,8 +469,8 @@ static void tnt_job_run(const struct tnt_job *j)
     if (j->rows_kind == 0) {
         tnt_gemm_run(&j->gemm);
     } else {
-        int64_t bad;
-        tnt_rows_run(j->rows_kind, j->p, NULL, j->bufs, &bad);
+        int64_t bad[3];
+        tnt_rows_run(j->rows_kind, j->p, NULL, j->bufs, bad);
     }
 }
 
@@ -623,7 +623,7 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
     tnt_native_done(task, nbuf, a->key, w, a->name, a->trace, t0);
 }
 
-/* Elementwise and row-wise tiles (csrc/ew.c, csrc/rows.c): cl_arg is a tnt_ew_args
+/* Elementwise and row-wise tiles (csrc/ew.c, rows.c, typed.c): cl_arg is a tnt_ew_args
    followed by its program (nints int32: the kind, 0 for an ew.h program, else a
    rows.h kind, then its layout) and its constants (nconst doubles, 8-byte aligned). */
 struct tnt_ew_args { int64_t key; int name, trace, nints, nconst; };
@@ -650,17 +650,17 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
         ptrs[i] = (void *)STARPU_VECTOR_GET_PTR(buffers[i]);
     double t0 = tnt_now();
     int rc = TNT_ROWS_OK;
-    int64_t bad = 0;
+    int64_t bad[3] = {0, 0, 0};
     if (!tnt_skip_kernels) {
         const int32_t *prog = (const int32_t *)(a + 1);
         const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
         if (prog[0] == 0)
             tnt_ew_run(prog + 1, consts, ptrs);
         else if (!tnt_softmax_shared(prog[0], prog + 1, ptrs))
-            rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, &bad);
+            rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, bad);
     }
     if (rc != TNT_ROWS_OK) {  /* a bad index or target: the task fails as the CPU kernel would */
-        tnt_native_failed(task, nbuf, _tnt_input_error(a->name, rc, bad));
+        tnt_native_failed(task, nbuf, _tnt_input_error(a->name, rc, bad[0], bad[1], bad[2]));
         return;
     }
     tnt_native_done(task, nbuf, a->key, starpu_worker_get_id(), a->name, a->trace, t0);

@@ -11,7 +11,7 @@
    line between the "callbacks" marks extern "Python+C": callable from shim.c). */
 /* callbacks begin */
 int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
-int64_t _tnt_input_error(int name, int code, int64_t value);
+int64_t _tnt_input_error(int name, int code, int64_t value, int64_t dim, int64_t size);
 /* callbacks end */
 
 /* cdef begin */
