@@ -385,6 +385,17 @@ Box = tuple[int, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 element there, the box's start in the destination, its extent, the source's strides."""
 
 
+def box(src: int, sshape: tuple[int, ...], dbox: tuple[tuple[int, int], ...], sbox: tuple[tuple[int, int], ...],
+        rev: tuple[int, ...] = ()) -> Box:
+    """The box copying ``sbox`` (per dim ``(lo, hi)``) of the contiguous tile ``sshape`` in
+    buffer ``src`` to ``dbox`` of the destination; the dims in ``rev`` are read from the
+    box's end, by negative strides."""
+    cs = contiguous_strides(sshape)
+    strides = tuple(-st if d in rev else st for d, st in enumerate(cs))
+    offset = sum((b - 1 if d in rev and b > a else a) * st for d, ((a, b), st) in enumerate(zip(sbox, cs)))
+    return src, numel(sshape), offset, tuple(a for a, _ in dbox), tuple(b - a for a, b in dbox), strides
+
+
 def copy_boxes_record(dtype: torch.dtype, dshape: tuple[int, ...], boxes: list[Box],
                       fill: Any = None) -> tuple[list[int], tuple[float, ...]] | None:
     """The ``COPY_BOXES`` record of ``boxes`` into a tile of ``dshape`` and ``dtype`` (all

@@ -149,16 +149,9 @@ def _box_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
     value, boxes = params
     if any(d is not dtypes[0] for d in dtypes):
         return None
-    out = []
-    for pos, dbox, sbox, rev in boxes:
-        sshape = shapes[1 + pos]
-        cs = native.contiguous_strides(sshape)
-        if any(b - a != d - c for (a, b), (c, d) in zip(dbox, sbox)):
-            return None
-        strides = tuple(-st if d in rev else st for d, st in enumerate(cs))
-        offset = sum((b - 1 if d in rev and b > a else a) * st for d, ((a, b), st) in enumerate(zip(sbox, cs)))
-        out.append((1 + pos, native.numel(sshape), offset, tuple(a for a, _ in dbox), tuple(b - a for a, b in dbox),
-                    strides))
+    if any(b - a != d - c for _, dbox, sbox, _ in boxes for (a, b), (c, d) in zip(dbox, sbox)):
+        return None
+    out = [native.box(1 + pos, shapes[1 + pos], dbox, sbox, rev) for pos, dbox, sbox, rev in boxes]
     return native.copy_boxes_record(dtypes[0], shapes[0], out, value)
 
 

@@ -452,11 +452,7 @@ def _copy_boxes_record(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], .
     (boxes,) = params
     if len(boxes) != len(shapes) - 1 or any(d is not dtypes[0] for d in dtypes):
         return None
-    out = []
-    for b, ((dbox, sbox), sshape) in enumerate(zip(boxes, shapes[1:])):
-        cs = native.contiguous_strides(sshape)
-        out.append((b + 1, native.numel(sshape), sum(lo * st for (lo, _), st in zip(sbox, cs)),
-                    tuple(lo for lo, _ in dbox), tuple(hi - lo for lo, hi in dbox), cs))
+    out = [native.box(b + 1, sshape, dbox, sbox) for b, ((dbox, sbox), sshape) in enumerate(zip(boxes, shapes[1:]))]
     return native.copy_boxes_record(dtypes[0], shapes[0], out)
 
 

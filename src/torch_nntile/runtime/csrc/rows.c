@@ -242,11 +242,6 @@ static void sum_middle(const int32_t *p, void *const *bufs)
         }
 }
 
-static inline int64_t index_at(const void *index, int index64, int64_t i)
-{
-    return index64 ? ((const int64_t *)index)[i] : ((const int32_t *)index)[i];
-}
-
 /* o[i] = w[index[i]]: rows of an embedding, index_select along dim 0 */
 static int gather_rows(const int32_t *p, void *const *bufs, int64_t *bad)
 {
@@ -266,7 +261,7 @@ static void embedding_grad(const int32_t *p, void *const *bufs)
     if (!accumulate)
         memset(o, 0, (size_t)(nw * d) * sizeof(float));
     for (int64_t i = 0; i < k; i++) {
-        int64_t r = index_at(bufs[2], index64, i);
+        int64_t r = tnt_index_at(bufs[2], index64, i);
         if (r == padding || r < 0 || r >= nw)
             continue;
         float *orow = o + r * d;

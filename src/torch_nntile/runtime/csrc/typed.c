@@ -360,7 +360,7 @@ int tnt_take(int64_t outer, int64_t n, int64_t inner, int64_t k, int esize, int 
              int index64, void *o, const void *x, int64_t *bad)
 {
     for (int64_t i = 0; i < k; i++) {
-        int64_t r = index64 ? ((const int64_t *)index)[i] : ((const int32_t *)index)[i];
+        int64_t r = tnt_index_at(index, index64, i);
         if (r < (wrap ? -n : 0) || r >= n) {
             *bad = r;
             return 1;
@@ -369,7 +369,7 @@ int tnt_take(int64_t outer, int64_t n, int64_t inner, int64_t k, int esize, int 
     size_t row = (size_t)(inner * esize);
     for (int64_t a = 0; a < outer; a++)
         for (int64_t i = 0; i < k; i++) {
-            int64_t r = index64 ? ((const int64_t *)index)[i] : ((const int32_t *)index)[i];
+            int64_t r = tnt_index_at(index, index64, i);
             r += r < 0 ? n : 0;
             memcpy((char *)o + (a * k + i) * inner * esize, (const char *)x + (a * n + r) * inner * esize, row);
         }

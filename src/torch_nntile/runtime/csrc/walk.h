@@ -1,6 +1,6 @@
 /* Walking a tile's elements by strides: the dims of a loop over several buffers
    (buffer 0 written, the others read), merged where every buffer walks them as one,
-   and the index of each row. Shared by the programs of ew.c and the copies and maps
+   the index of each row, and the values of index tiles. Shared by the programs of ew.c and the copies and maps
    of typed.c. */
 #ifndef TNT_WALK_H
 #define TNT_WALK_H
@@ -58,6 +58,12 @@ static inline void tnt_next_index(int64_t *idx, const int64_t *shape, int nd)
             break;
         idx[d] = 0;
     }
+}
+
+/* Element i of an index tile of int64 (index64) or int32 values. */
+static inline int64_t tnt_index_at(const void *index, int index64, int64_t i)
+{
+    return index64 ? ((const int64_t *)index)[i] : ((const int32_t *)index)[i];
 }
 
 #endif
