@@ -1,5 +1,5 @@
 """One training step of a stock HuggingFace GPT-2 (GPT2LMHeadModel built from a config:
-tied embeddings, eager attention unless ``--attn sdpa``, no dropout), the loss computed by the model from
+tied embeddings, eager attention unless ``--attn sdpa``, no dropout unless ``--dropout``), the loss computed by the model from
 ``labels``, ``torch.optim.AdamW``: nntile on StarPU and CPU eager, timed side by side
 in one process. ``--size`` picks the model:
 
@@ -31,6 +31,11 @@ is trained), so a step is 3 * (L * (12*b*s*E^2 + 2*b*h*s*s*d) + b*s*E*V).
 nntile the tiled flash op (the ``[seq, seq]`` scores never exist whole), on CPU ATen's
 flash kernel; with ``--seq`` (the preset's sequence by default) it shows how each
 side's peak memory grows with the sequence. The floor still counts all ``s*s`` scores.
+
+``--dropout P``: HF's dropouts (embeddings, attention probabilities, residuals) at
+``P`` (GPT-2's own default is 0.1). Both sides draw their masks with CPU's generator
+(as PyTorch does, so nntile's masks are CPU's); on nntile they are copied in and
+applied in C.
 
 ``--fused``: ``AdamW(fused=True)`` on both sides (on nntile one update op a parameter,
 ``_fused_adamw_``, instead of about nine per-parameter ops inside the foreach calls).
@@ -78,6 +83,7 @@ class Preset:
     steps: int
     tilings: dict[str, Tiling] = field(default_factory=dict)
     attn: str = "eager"  # HF's attn_implementation
+    dropout: float = 0.0  # HF's resid_pdrop, embd_pdrop and attn_pdrop
 
 
 PRESETS = {
@@ -89,7 +95,8 @@ PRESETS = {
 
 def gpt2(p: Preset) -> torch.nn.Module:
     cfg = hf.GPT2Config(n_layer=p.n_layer, n_embd=p.n_embd, n_head=p.n_head, vocab_size=p.vocab, n_positions=p.seq,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                        resid_pdrop=p.dropout, embd_pdrop=p.dropout, attn_pdrop=p.dropout,
+                        bos_token_id=0, eos_token_id=0, pad_token_id=0,
                         tie_word_embeddings=True, attn_implementation=p.attn)
     torch.manual_seed(0)
     return hf.GPT2LMHeadModel(cfg)
@@ -162,9 +169,11 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="AdamW(fused=True) on both sides")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="HF attention implementation")
     ap.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="HF's dropout probabilities (default 0: none)")
     add_common_args(ap)
     args = ap.parse_args()
-    preset = dataclasses.replace(PRESETS[args.size], attn=args.attn, seq=args.seq or PRESETS[args.size].seq)
+    preset = dataclasses.replace(PRESETS[args.size], attn=args.attn, seq=args.seq or PRESETS[args.size].seq,
+                                 dropout=args.dropout)
     steps = preset.steps if args.steps is None else args.steps
     if steps < 10:
         ap.error("--steps must be at least 10")

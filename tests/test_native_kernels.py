@@ -643,7 +643,7 @@ def test_where_in_c(python_tasks, tiles):
     i = torch.randint(-2**62, 2**62, (3, 1, 6, 7))
     lo = torch.tensor(torch.finfo(torch.float32).min)
     # (operands computed here: an elementwise producer would fold into the where, and
-    # fused chains with other dtypes than float32 run as Python)
+    # fused chains with steps of other dtypes than float32 run as Python)
     cases = [
         lambda c, v, w, u, d: torch.where(c, v, lo), lambda c, v, w, u, d: torch.where(c, torch.tensor(0.0), lo),
         lambda c, v, w, u, d: torch.where(c, v, -0.0), lambda c, v, w, u, d: torch.where(c, w, w.flip(2)),
@@ -752,4 +752,58 @@ def test_numbers_equal_in_python_but_not_in_kind_get_their_own_c_records(python_
     for v in (16777217, 16777217.0, 16777217, True, 1, 1.0):
         assert torch.equal((xn == v).cpu(), x == v), v
         assert torch.equal((xn * 0 + 1 == v).cpu(), x * 0 + 1 == v), v
+    _in_c(python_tasks)
+
+
+# -- float32 arithmetic reading bool tiles (dropout masks) ---------------------------------------
+
+
+@pytest.mark.parametrize("tiles", [None, [2, 3]])
+def test_float_arithmetic_with_bool_tiles_in_c(python_tasks, tiles):
+    """float32 maps and fused chains read bool tiles as 0 and 1, as PyTorch promotes them:
+    ``x * mask`` keeps CPU's bits where x is negative, infinite or NaN (-0.0, NaN), and
+    broadcast, transposed, 0-dim and empty bool tiles give CPU's values, in C."""
+    x = SPECIAL[:20].reshape(5, 4)
+    m = torch.tensor([[1, 0, 1, 0], [0, 0, 1, 1], [1, 1, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    cases = [lambda a, b: a * b, lambda a, b: (a * b) * 2.5 + a, lambda a, b: a + b, lambda a, b: b / (a.abs() + 1),
+             lambda a, b: a * b[:1], lambda a, b: a[:, :1] * b, lambda a, b: a[:4] * b[:4].t(),
+             lambda a, b: torch.where(b, a, 0.0) * b, lambda a, b: a[0, 0] * b[1, 0], lambda a, b: a[:0] * b[:0]]
+    for fn in cases:
+        _parity(fn, x, m, tiles=tiles)
+    _in_c(python_tasks)
+
+
+def test_bool_tiles_alone_keep_their_own_arithmetic():
+    """Where no float32 tile is read, an op's common dtype is not float32: ``True + True``
+    added into a float32 tensor is 1.0 (bool addition), as on CPU."""
+    a, b = torch.tensor([True, True, False]), torch.tensor([True, False, False])
+    want = torch.add(a, b, out=torch.empty(3))
+    got = torch.empty(3).to("nntile")
+    torch.add(_dev(a), _dev(b), out=got)
+    assert torch.equal(got.cpu(), want), got
+    assert torch.equal((_dev(a) * 1.5).cpu(), a * 1.5)
+
+
+@pytest.mark.parametrize("tiles", [None, [3, 5]])
+@pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
+def test_dropout_forward_backward_in_c(python_tasks, tiles, p):
+    """Dropout draws CPU's mask for the same seed; forward, backward and a residual add
+    folded into it give CPU's bits (NaN and infinities of the input included), in C."""
+    x = torch.randn(8, 6)
+    x[0, :4] = torch.tensor([-1.0, math.inf, math.nan, -0.0])
+    res = torch.randn(8, 6)
+    g = torch.randn(8, 6)
+
+    def run(t, r, grad):
+        torch.manual_seed(5)
+        t = t.detach().requires_grad_()
+        out = F.dropout(t, p) + r
+        out.backward(grad)
+        return out.detach(), t.grad
+
+    got = run(_dev(x, tiles), _dev(res), _dev(g))
+    for gv, wv in zip(got, run(x, res, g)):
+        gv = gv.cpu()
+        assert torch.equal(gv.isnan(), wv.isnan()), (gv, wv)
+        assert torch.equal(gv.nan_to_num().view(torch.int32), wv.nan_to_num().view(torch.int32)), (gv, wv)
     _in_c(python_tasks)

@@ -25,7 +25,7 @@ from torch_nntile.backend.device import (
 )
 from torch_nntile.backend.table_data import along_dim
 from torch_nntile.graph.nodes import DataNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops import index as ix
 from torch_nntile.ops import reduce
 from torch_nntile.ops.base import NotNative, map_op, whole_op, wrap_dim
@@ -311,6 +311,12 @@ def dropout_tile(scale: float, o: torch.Tensor, x: torch.Tensor, m: torch.Tensor
 
 def dropout_backward_tile(scale: float, o: torch.Tensor, g: torch.Tensor, m: torch.Tensor) -> None:
     torch.mul(g, m.to(g.dtype) * scale, out=o)  # CPU: grad_output * (mask.type_as(grad_output) * scale)
+
+
+# In C (float32 with a bool mask, read as 0 and 1), in the same order of roundings.
+native.TRANSLATORS[dropout_tile] = lambda p, params, refs: p.emit(native.MUL, p.emit(native.MUL, *refs), params[0])
+native.TRANSLATORS[dropout_backward_tile] = lambda p, params, refs: p.emit(
+    native.MUL, refs[0], p.emit(native.MUL, refs[1], params[0]))
 
 
 def _native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:

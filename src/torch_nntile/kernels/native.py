@@ -23,8 +23,9 @@ import torch
 # opcodes of csrc/ew.h, in its order
 (COPY, ADD, SUB, MUL, DIV, ADD_SCALED, SUB_SCALED, ADDCMUL, ADDCDIV, LERP, NEG, ABS, SQRT, RSQRT, RECIPROCAL,
  EXP, LOG, TANH, SIGMOID, POW, TANH_BACKWARD, SIGMOID_BACKWARD, THRESHOLD_BACKWARD, CLAMP_MIN, CLAMP_MAX,
- MAXIMUM, MINIMUM, GELU, GELU_TANH, SILU) = range(30)
+ MAXIMUM, MINIMUM, GELU, GELU_TANH, SILU, WHERE) = range(31)
 CONST, TEMP, MAX_STEPS, MAX_BUFFERS = 64, 128, 48, 64
+EW_F32, EW_BOOL = 0, 1  # element types of a program's buffers (csrc/ew.h)
 
 
 class Unsupported(Exception):
@@ -181,7 +182,8 @@ def _pow(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
 RULES.update({
     torch.add: _binary(ADD, ADD_SCALED), torch.sub: _binary(SUB, SUB_SCALED), torch.mul: _binary(MUL),
     torch.div: _div, torch.pow: _pow, torch.addcmul: _addc(ADDCMUL), torch.addcdiv: _addc(ADDCDIV),
-    torch.lerp: _nary(LERP, 3), torch.clamp_min: _nary(CLAMP_MIN, 2), torch.clamp_max: _nary(CLAMP_MAX, 2),
+    torch.lerp: _nary(LERP, 3), torch.where: _nary(WHERE, 3),
+    torch.clamp_min: _nary(CLAMP_MIN, 2), torch.clamp_max: _nary(CLAMP_MAX, 2),
     torch.maximum: _nary(MAXIMUM, 2), torch.minimum: _nary(MINIMUM, 2),
     torch.neg: _unary(NEG), torch.abs: _unary(ABS), torch.sqrt: _unary(SQRT), torch.rsqrt: _unary(RSQRT),
     torch.reciprocal: _unary(RECIPROCAL), torch.exp: _unary(EXP), torch.log: _unary(LOG),
@@ -281,15 +283,16 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
         except Unsupported:
             out = None
     f32 = all(d is _F32 for d in dtypes)
+    arith = f32 or _promotes_bool(dtypes)  # tiles a float32 program reads
     if out is None and rows is not None:
         if f32 and small:
             out = rows(kernel.params, shapes)
-    elif out is None and (f32 or fn in VIEWS) and (prog := program(kernel, len(specs) - 1)) is not None:
+    elif out is None and (arith or fn in VIEWS) and (prog := program(kernel, len(specs) - 1)) is not None:
         views = VIEWS.get(fn)
         try:
             view = views(kernel.params, shapes) if views is not None else {}
-            if f32:
-                out = _layout(shapes, prog, view)
+            if arith:
+                out = _layout(shapes, dtypes, prog, view)
             elif prog == _COPY_ONLY and small:  # a kernel copying a view: any dtype
                 out = _copy_record(shapes, dtypes, view)
         except Unsupported:  # a view these tile shapes cannot take
@@ -301,6 +304,14 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
 
 
 _COPY_ONLY = ((COPY, 1, -1, -1, -1), ())  # the program of a kernel that copies its one input
+
+
+def _promotes_bool(dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Whether a float32 program reads these tiles as PyTorch computes with them: a
+    float32 output from float32 and bool inputs, at least one float32 (so that the op's
+    common dtype is float32 and its bools count as 0 and 1; bools alone would be added
+    as bools, ``True + True`` being ``True``)."""
+    return dtypes[0] is _F32 and _F32 in dtypes[1:] and all(d is _F32 or d is torch.bool for d in dtypes)
 
 
 def _reads(shapes: tuple[tuple[int, ...], ...], views: dict[int, tuple[tuple[int, ...], int]]
@@ -353,7 +364,8 @@ def broadcast_strides(shape: tuple[int, ...], oshape: tuple[int, ...]) -> tuple[
     return tuple(strides)
 
 
-def _layout(shapes: tuple[tuple[int, ...], ...], prog: tuple[tuple[int, ...], tuple[float, ...]],
+def _layout(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[torch.dtype, ...],
+            prog: tuple[tuple[int, ...], tuple[float, ...]],
             views: dict[int, tuple[tuple[int, ...], int]]) -> tuple[list[int], tuple[float, ...]] | None:
     got = _reads(shapes, views)
     if got is None:
@@ -363,6 +375,7 @@ def _layout(shapes: tuple[tuple[int, ...], ...], prog: tuple[tuple[int, ...], tu
     for strides, _ in reads:
         ints += strides
     ints += [offset for _, offset in reads]
+    ints += [EW_BOOL if d is torch.bool else EW_F32 for d in dtypes]
     steps, consts = prog
     ints.append(len(steps) // 5)
     ints += steps

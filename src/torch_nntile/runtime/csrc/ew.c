@@ -1,6 +1,6 @@
 /* The elementwise program interpreter of ew.h. Blocks of BLOCK elements: per block
-   each operand is a pointer to BLOCK consecutive values (the tile itself when its
-   stride is 1, else a gathered or broadcast copy), and each step is a tight loop the
+   each operand is a pointer to BLOCK consecutive float32 values (the tile itself when
+   it is float32 of stride 1, else a gathered, broadcast or converted copy), and each step is a tight loop the
    compiler vectorizes. */
 #include "ew.h"
 #include "fmath.h"
@@ -22,9 +22,12 @@ int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf)
     int nb = prog[0], nd = prog[1];
     if (nb != nbuf || nb < 1 || nb > TNT_EW_CONST || nd < 1 || nd > TNT_EW_MAXDIM)
         return -1;
-    int at = 2 + nd + nb * nd + nb;
-    if (nints < at + 1 || prog[at - nb] != 0)  /* the output starts its tile */
+    int at = 2 + nd + nb * nd + 2 * nb;
+    if (nints < at + 1 || prog[at - 2 * nb] != 0 || prog[at - nb] != TNT_EW_F32)  /* the output: its tile, float32 */
         return -1;
+    for (int b = 1; b < nb; b++)
+        if (prog[at - nb + b] != TNT_EW_F32 && prog[at - nb + b] != TNT_EW_BOOL)
+            return -1;
     int ns = prog[at];
     if (ns < 1 || ns > TNT_EW_MAXSTEPS || nints != at + 1 + 5 * ns)
         return -1;
@@ -120,6 +123,7 @@ static void step(int op, int n, float *restrict o, const float *a, const float *
     case TNT_EW_GELU: for (i = 0; i < n; i++) o[i] = gelu(a[i], b[i], c[i]); break;
     case TNT_EW_GELU_TANH: for (i = 0; i < n; i++) o[i] = gelu_tanh(a[i]); break;
     case TNT_EW_SILU: for (i = 0; i < n; i++) o[i] = a[i] / (1.0f + fexp(-a[i])); break;
+    case TNT_EW_WHERE: for (i = 0; i < n; i++) o[i] = a[i] != 0.0f ? b[i] : c[i]; break;
     default: break;
     }
 }
@@ -127,14 +131,26 @@ static void step(int op, int n, float *restrict o, const float *a, const float *
 static __thread float temp[TNT_EW_MAXSTEPS][BLOCK];
 static __thread float gathered[TNT_EW_CONST][BLOCK];
 
-/* n values, stride apart in p, to q. */
-static inline void copy_row(float *q, const float *p, int64_t n, int64_t stride)
+/* Element ``off`` of a buffer of ``type``. */
+static inline const char *elem(const void *buf, int type, int64_t off)
 {
-    if (stride == 1)
-        memcpy(q, p, n * sizeof(float));
-    else
+    return (const char *)buf + off * (type == TNT_EW_BOOL ? 1 : (int64_t)sizeof(float));
+}
+
+/* n values of ``type``, stride apart from p, to q as float32 (a bool as 0 or 1). */
+static inline void copy_row(float *q, const char *p, int type, int64_t n, int64_t stride)
+{
+    if (type == TNT_EW_BOOL) {
+        const uint8_t *u = (const uint8_t *)p;
         for (int64_t i = 0; i < n; i++)
-            q[i] = p[i * stride];
+            q[i] = u[i * stride] != 0;
+    } else if (stride == 1) {
+        memcpy(q, p, n * sizeof(float));
+    } else {
+        const float *f = (const float *)p;
+        for (int64_t i = 0; i < n; i++)
+            q[i] = f[i * stride];
+    }
 }
 
 /* The steps over n values: operands src (index < TNT_EW_CONST), constants cval, the
@@ -157,8 +173,8 @@ static void run_steps(const int32_t *steps, int ns, int n, float *out, const flo
    gathered first, so the steps run once a block instead of once a row. The output is
    contiguous, so its rows lie one after another. */
 static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM],
-                           const int32_t *offsets, const int32_t *steps, int ns, float (*cval)[BLOCK],
-                           void *const *bufs, int64_t outer)
+                           const int32_t *offsets, const int32_t *types, const int32_t *steps, int ns,
+                           float (*cval)[BLOCK], void *const *bufs, int64_t outer)
 {
     int64_t inner = shape[nd - 1];
     int64_t rows = BLOCK / inner;
@@ -169,8 +185,8 @@ static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[
         float *out = (float *)bufs[0] + o0 * inner;
         for (int64_t k = 0; k < r; k++) {
             for (int b = 1; b < nb; b++)
-                copy_row(gathered[b] + k * inner, (const float *)bufs[b] + tnt_offset_of(offsets[b], idx, str[b], nd - 1),
-                         inner, str[b][nd - 1]);
+                copy_row(gathered[b] + k * inner, elem(bufs[b], types[b], tnt_offset_of(offsets[b], idx, str[b], nd - 1)),
+                         types[b], inner, str[b][nd - 1]);
             tnt_next_index(idx, shape, nd - 1);
         }
         src[0] = out;
@@ -193,9 +209,10 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
     }
     if (total == 0)
         return;
-    const int32_t *offsets = prog + 2 + nd + nb * nd, *steps = offsets + nb + 1;
+    const int32_t *offsets = prog + 2 + nd + nb * nd, *types = offsets + nb, *steps = types + nb + 1;
     int ns = steps[-1];
-    if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1) {  /* a permutation, a strided view */
+    if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1 && types[1] == TNT_EW_F32) {
+        /* a permutation, a strided view */
         tnt_copy_strided(sizeof(float), nd, shape, str, bufs[0], (const float *)bufs[1] + offsets[1]);
         return;
     }
@@ -216,7 +233,7 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
     }
     int64_t inner = shape[nd - 1], outer = total / inner;
     if (inner < BLOCK / 2 && outer > 1) {
-        run_short_rows(nb, nd, shape, str, offsets, steps, ns, cval, bufs, outer);
+        run_short_rows(nb, nd, shape, str, offsets, types, steps, ns, cval, bufs, outer);
         return;
     }
     int64_t idx[TNT_EW_MAXDIM] = {0};
@@ -228,12 +245,12 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
         for (int64_t j0 = 0; j0 < inner; j0 += BLOCK) {
             int n = (int)(inner - j0 < BLOCK ? inner - j0 : BLOCK);
             for (int b = 1; b < nb; b++) {
-                const float *p = (const float *)bufs[b] + off[b];
                 int64_t s = str[b][nd - 1];
-                if (s == 1) {
-                    src[b] = p + j0;
+                const char *p = elem(bufs[b], types[b], off[b] + j0 * s);
+                if (s == 1 && types[b] == TNT_EW_F32) {
+                    src[b] = (const float *)p;
                 } else {
-                    copy_row(gathered[b], p + j0 * s, n, s);
+                    copy_row(gathered[b], p, types[b], n, s);
                     src[b] = gathered[b];
                 }
             }

@@ -1,14 +1,16 @@
 /* Elementwise tile programs run in C on the StarPU workers (no Python, no GIL).
 
-   A program computes one float32 output tile from float32 input tiles and double
-   constants, one element at a time in blocks: each step reads up to four operands
-   (input tiles, constants, or results of earlier steps) and the last step's result
-   is the output. Its layout (int32) is
+   A program computes one float32 output tile from input tiles and double constants,
+   one element at a time in blocks: each step reads up to four operands (input tiles,
+   constants, or results of earlier steps) and the last step's result is the output.
+   Input tiles are float32 or bool; a bool tile is read as 0.0 / 1.0, as PyTorch
+   promotes it in float32 arithmetic (a dropout mask). Its layout (int32) is
 
-       nbuf, ndim, shape[ndim], strides[nbuf][ndim], offsets[nbuf], nsteps, steps[nsteps][5]
+       nbuf, ndim, shape[ndim], strides[nbuf][ndim], offsets[nbuf], types[nbuf], nsteps, steps[nsteps][5]
 
-   where buffer 0 is the output (contiguous), strides and offsets are in elements (a
-   stride is 0 along a broadcast dim; views such as permutations are strides), and
+   where buffer 0 is the output (contiguous, float32), strides and offsets are in
+   elements (a stride is 0 along a broadcast dim; views such as permutations are
+   strides), types are TNT_EW_F32 or TNT_EW_BOOL, and
    each step is (opcode, a, b, c, d) with operand references below TNT_EW_CONST
    naming buffers (0: the output's current value, for read-write tasks), below
    TNT_EW_TEMP constants, and from TNT_EW_TEMP on the results of earlier steps. The opcodes and operand order are
@@ -22,6 +24,8 @@
 #define TNT_EW_TEMP 128
 #define TNT_EW_MAXDIM 16
 #define TNT_EW_MAXSTEPS 48
+
+enum { TNT_EW_F32 = 0, TNT_EW_BOOL = 1 };  /* element types of a program's buffers */
 
 enum tnt_ew_op {
     TNT_EW_COPY = 0, TNT_EW_ADD, TNT_EW_SUB, TNT_EW_MUL, TNT_EW_DIV,
@@ -43,6 +47,7 @@ enum tnt_ew_op {
     TNT_EW_GELU,         /* exact (erf); b its value at +inf, c at -0 */
     TNT_EW_GELU_TANH,
     TNT_EW_SILU,
+    TNT_EW_WHERE,        /* a != 0 ? b : c (a: a bool tile) */
     TNT_EW_NOPS
 };
 
