@@ -5,6 +5,7 @@ and tilings; which tasks get a program and which stay Python."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import re
 
@@ -477,8 +478,8 @@ def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch, python_tasks):
     assert_close(got, torch.tanh(x * 2 + 1))
     torch_nntile.wait()
     kernels = torch_nntile.metrics()["kernels"]
-    assert kernels[context.OTHER_C_TASKS]["tasks"] == 2, kernels  # the fused chain's two tiles, in C
-    assert set(python_tasks) == {"ingress", "readout"}, python_tasks  # only these run as Python
+    assert kernels[context.OTHER_C_TASKS]["tasks"] == 4, kernels  # x's two tiles copied in, the fused chain's two
+    assert set(python_tasks) == {"readout"}, python_tasks  # only it runs as Python
     assert len(full) == context._GEMM_NAMES - 1
 
 
@@ -548,7 +549,7 @@ def test_large_softmax_rows_shared(log, dim):
 
 
 def _in_c(python_tasks: list[str]) -> None:
-    assert set(python_tasks) <= {"ingress", "readout"}, python_tasks
+    assert set(python_tasks) <= {"readout"}, python_tasks
 
 
 def _parity(fn, *args, tiles=None):
@@ -807,3 +808,39 @@ def test_dropout_forward_backward_in_c(python_tasks, tiles, p):
         assert torch.equal(gv.isnan(), wv.isnan()), (gv, wv)
         assert torch.equal(gv.nan_to_num().view(torch.int32), wv.nan_to_num().view(torch.int32)), (gv, wv)
     _in_c(python_tasks)
+
+
+# -- CPU data copied in (ingress) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tiles", [None, [3, 4]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.float16, torch.complex64,
+                                   torch.complex128])
+def test_cpu_data_is_copied_in_by_c_tasks(python_tasks, tiles, dtype):
+    """CPU tensors moved to nntile are copied into their tiles in C (elements of 1 to 8
+    bytes; complex128's 16 by Python): non-contiguous sources, 0-dim and empty ones, a
+    source changed after the move (the move took its values then)."""
+    x = (torch.randn(7, 5) * 100).to(dtype)
+    for src in (x, x.t(), x[::2, 1:], x[0, 0], x[:0]):
+        own = src.clone()
+        want = own.clone()
+        d = _dev(own, tiles if own.dim() == 2 and own.shape[0] == 7 else None)
+        own.zero_()
+        got = d.cpu()
+        assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+    if dtype.itemsize <= 8:
+        _in_c(python_tasks)
+
+
+def test_host_copies_outlive_python_until_their_tasks_have_run():
+    """A host copy's bytes stay until the C tasks reading them have run, however early
+    Python drops it: copies large enough to have pages of their own (unmapped when
+    freed), moved and dropped at once, many in flight, keep their values."""
+    outs = []
+    for k in range(24):
+        src = torch.full((256, 300), float(k))
+        outs.append(_dev(src, [100, 156]) * 2)
+        del src
+        gc.collect()
+    for k, o in enumerate(outs):
+        assert torch.equal(o.cpu(), torch.full((256, 300), 2.0 * k)), k

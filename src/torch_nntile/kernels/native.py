@@ -96,6 +96,10 @@ TYPED: dict[Callable[..., None], Callable[[tuple[Any, ...], tuple[tuple[int, ...
 """Like ``ROWS``, for kernels that also read or write tiles of other dtypes (indices,
 targets): the function is given the tiles' dtypes and checks them."""
 
+FRESH: set[Callable[..., None]] = set()
+"""``Kernel.fn``s whose parameters hold data (an ingress's CPU copy, whose address its
+record carries): their records are made for each task and never cached."""
+
 CALLS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any], tuple[tuple[int, ...], ...], tuple[torch.dtype, ...]],
                           tuple[list[int], tuple[float, ...]] | None]] = {}
 """ATen-level function of an elementwise-style kernel (``call_out``) -> its typed row
@@ -271,6 +275,8 @@ def record(kernel: Any, specs: list[tuple[int, torch.dtype, tuple[int, ...]]]) -
         return None
     shapes = tuple(s[2] for s in specs)
     dtypes = tuple(s[1] for s in specs)
+    if fn in FRESH:
+        return typed(kernel.params, shapes, dtypes) if typed is not None else None
     key = (kernel, shapes, dtypes)
     got = _RECORDS.get(key, _MISSING)
     if got is not _MISSING:
@@ -463,7 +469,7 @@ def numel(shape: tuple[int, ...]) -> int:
 
 # csrc/rows.h kinds
 (SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD, COPY_BOXES, SUM, GATHER, EMBEDDING_GRAD, NLL, NLL_WEIGHT,
- NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE, MAP, ANY, INDEX) = range(1, 21)
+ NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE, MAP, ANY, INDEX, INGRESS) = range(1, 22)
 INDEX_DTYPES = (torch.int64, torch.int32)  # index tiles the C kernels read (1: int64, 0: int32)
 # what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU
 BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT = 1, 2, 3

@@ -10,13 +10,32 @@ from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record
-from torch_nntile.runtime.context import Done, Runtime, failure_error
+from torch_nntile.runtime.context import HOST_COPY, Done, Runtime, failure_error, host_copy
 from torch_nntile.runtime.interrupts import SHIELD
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 
 def copy_in(src: torch.Tensor, box: tuple[tuple[int, int], ...], o: torch.Tensor) -> None:
     o.copy_(src[tuple(slice(a, b) for a, b in box)])
+
+
+def _copy_in_record(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                    dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple[float, ...]] | None:
+    """A box copy from a host copy's bytes (``host_copy``), whose address (below 2**53,
+    as user-space addresses are) is the record's one constant."""
+    src, box = params
+    addr = getattr(src, HOST_COPY, None)
+    if addr is None or addr >= 2**53 or src.dtype is not dtypes[0]:
+        return None
+    dbox = tuple((0, n) for n in shapes[0])
+    rec = native.copy_boxes_record(src.dtype, shapes[0], [native.box(1, tuple(src.shape), dbox, box)])
+    if rec is None:
+        return None
+    return [native.INGRESS, *rec[0][1:]], (float(addr),)
+
+
+native.TYPED[copy_in] = _copy_in_record
+native.FRESH.add(copy_in)
 
 
 def _lower_ingress(ctx: Lowering, node: OpNode) -> None:
@@ -34,7 +53,7 @@ def ingress(cpu: torch.Tensor) -> DataNode:
     """A node holding a copy of a CPU tensor (copied now, tiled at compile)."""
     t0 = stats.enter()
     try:
-        src = cpu.detach().clone(memory_format=torch.contiguous_format)
+        src = host_copy(cpu)
         stats.COUNTS["bytes_in"] += src.numel() * src.element_size()
     finally:
         stats.leave("ingress", t0)

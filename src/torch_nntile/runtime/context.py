@@ -931,6 +931,35 @@ def _find_blas() -> tuple[int, ...]:
     return tuple(out)
 
 
+HOST_COPY = "_tnt_host_copy"  # the attribute holding a host copy's address (host_copy)
+
+
+def host_copy(cpu: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``cpu`` (its values now) in memory the shim holds
+    (``tnt_blob_new``), for an ingress: the tasks copying it into tiles run in C and hold
+    the bytes from their submission until they have run. The memory goes back once
+    this tensor (with its views) is gone and those tasks are done, in either order."""
+    import ctypes
+    import weakref
+
+    from torch_nntile.runtime import _shim
+
+    cpu = cpu.detach()
+    if cpu.layout != torch.strided:
+        return cpu.clone(memory_format=torch.contiguous_format)
+    n = cpu.numel() * cpu.element_size()
+    ptr = _shim.lib.tnt_blob_new(n)
+    if ptr == _shim.ffi.NULL:
+        raise MemoryError(f"torch_nntile: no memory for a copy of {n} bytes of CPU data")
+    addr = int(_shim.ffi.cast("uintptr_t", ptr))
+    raw = (ctypes.c_char * max(n, 1)).from_address(addr)
+    weakref.finalize(raw, _shim.lib.tnt_blob_release, ptr).atexit = False  # the tensor keeps raw alive
+    out = torch.frombuffer(raw, dtype=torch.uint8)[:n].view(cpu.dtype).view(cpu.shape)
+    out.copy_(cpu)
+    setattr(out, HOST_COPY, addr)
+    return out
+
+
 def current() -> Runtime | None:
     return _CURRENT
 

@@ -39,6 +39,8 @@ int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
     static const int want[TNT_ROWS_NKINDS] = { 0, 4, 4, 4, 6, -1, 4, 4, 6, 6, 2, 6, 3, 6, 5, 3, 5, 6 };
     static const int sizes[TNT_ROWS_NKINDS] = { 0, 3, 3, 2, 2, 0, 3, 3, 3, 4, 1, 3, 3, 1, 1, 2, 2, 4 };
     static const int nconsts[TNT_ROWS_NKINDS] = { 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 4, 7, 1, 0, 0 };
+    if (kind == TNT_ROWS_INGRESS)  /* a box copy whose source (buffer 1 of the copy) is the data */
+        return nconst == 1 ? tnt_typed_check(TNT_ROWS_COPY_BOXES, p, nints, nbuf + 1) : -1;
     if (kind == TNT_ROWS_COPY_BOXES || (kind >= TNT_ROWS_MAP && kind < TNT_ROWS_NKINDS))
         return nconst == 0 ? tnt_typed_check(kind, p, nints, nbuf) : -1;
     if (kind < TNT_ROWS_SOFTMAX || kind >= TNT_ROWS_NKINDS || nints != want[kind] || nconst != nconsts[kind])
@@ -356,6 +358,10 @@ int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *
     case TNT_ROWS_LAYER_NORM_GRAD: layer_norm_grad(p, bufs); break;
     case TNT_ROWS_COPY_BOXES: case TNT_ROWS_MAP: case TNT_ROWS_ANY: case TNT_ROWS_INDEX:
         return tnt_typed_run(kind, p, bufs, bad);
+    case TNT_ROWS_INGRESS: {
+        void *two[2] = { bufs[0], (void *)(uintptr_t)consts[0] };
+        return tnt_typed_run(TNT_ROWS_COPY_BOXES, p, two, bad);
+    }
     case TNT_ROWS_SUM: sum_middle(p, bufs); break;
     case TNT_ROWS_GATHER: return gather_rows(p, bufs, bad);
     case TNT_ROWS_EMBEDDING_GRAD: embedding_grad(p, bufs); break;

@@ -58,6 +58,10 @@
                                of esize bytes; negative indices count from the end; one outside
                                [-n, n) fails the task: TNT_ROWS_BAD_SUBSCRIPT, with dim, the index
                                tile's position in the index list, and n)
+     TNT_ROWS_INGRESS          as TNT_ROWS_COPY_BOXES, its one source (src 1) not a buffer but CPU
+                               data the shim holds (tnt_blob_new; its address the one constant)
+                               buffers: dst  (the task holds a reference to the data from its
+                               submission until it has run: shim.c)
 
    The kinds from TNT_ROWS_SGD to TNT_ROWS_ROPE are in nn.c; TNT_ROWS_COPY_BOXES and
    those from TNT_ROWS_MAP on in typed.c.
@@ -75,7 +79,8 @@
 enum { TNT_ROWS_SOFTMAX = 1, TNT_ROWS_SOFTMAX_BACKWARD, TNT_ROWS_LAYER_NORM, TNT_ROWS_LAYER_NORM_GRAD,
        TNT_ROWS_COPY_BOXES, TNT_ROWS_SUM, TNT_ROWS_GATHER, TNT_ROWS_EMBEDDING_GRAD, TNT_ROWS_NLL,
        TNT_ROWS_NLL_WEIGHT, TNT_ROWS_NLL_GRAD, TNT_ROWS_ARANGE, TNT_ROWS_SGD, TNT_ROWS_ADAMW, TNT_ROWS_RMS_NORM,
-       TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_MAP, TNT_ROWS_ANY, TNT_ROWS_INDEX, TNT_ROWS_NKINDS };
+       TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_MAP, TNT_ROWS_ANY, TNT_ROWS_INDEX,
+       TNT_ROWS_INGRESS, TNT_ROWS_NKINDS };
 
 /* Element types of TNT_ROWS_MAP operands and results. */
 enum { TNT_T_BOOL = 0, TNT_T_U8, TNT_T_I8, TNT_T_I16, TNT_T_I32, TNT_T_I64, TNT_T_F32, TNT_T_F64, TNT_T_NTYPES };

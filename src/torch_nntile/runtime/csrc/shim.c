@@ -104,6 +104,51 @@ static void tnt_free(void *p, size_t nbytes)
         free(p);
 }
 
+/* CPU data copied in (an ingress: an input batch, a dropout mask), held here so that
+   the task copying it into tiles runs in C. The Python object that made the copy holds
+   one reference and every submitted task that reads it one more: the bytes outlive
+   whichever lets go last (Python may drop its copy before the task has run). */
+struct tnt_blob { int64_t refs; uint64_t magic; size_t nbytes; };
+#define TNT_BLOB_HEAD 64  /* the data after the header stays 64-byte aligned */
+#define TNT_BLOB_MAGIC 0x746e745f626c6f62ULL
+
+void *tnt_blob_new(size_t nbytes)
+{
+    struct tnt_blob *b = tnt_alloc(TNT_BLOB_HEAD + nbytes);
+    if (b == NULL)
+        return NULL;
+    b->refs = 1;
+    b->magic = TNT_BLOB_MAGIC;
+    b->nbytes = nbytes;
+    return (char *)b + TNT_BLOB_HEAD;
+}
+
+void tnt_blob_release(void *data)
+{
+    struct tnt_blob *b = (struct tnt_blob *)((char *)data - TNT_BLOB_HEAD);
+    if (__atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        size_t nbytes = b->nbytes;
+        b->magic = 0;
+        tnt_free(b, TNT_BLOB_HEAD + nbytes);
+    }
+}
+
+/* A task's reference to the data a TNT_ROWS_INGRESS record reads (its box copy's
+   parameters ``p``, the data's address ``addr``): NULL where that is no blob or too
+   small for the boxes' sources. */
+static void *tnt_blob_hold(const int32_t *p, double addr)
+{
+    struct tnt_blob *b = (struct tnt_blob *)((char *)(uintptr_t)addr - TNT_BLOB_HEAD);
+    if (addr < (double)TNT_BLOB_HEAD || b->magic != TNT_BLOB_MAGIC)
+        return NULL;
+    int esize = p[0], nd = p[1], nbox = p[2];
+    for (int k = 0; k < nbox; k++)
+        if ((size_t)p[6 + nd + k * (3 + 3 * nd) + 1] * (size_t)esize > b->nbytes)
+            return NULL;
+    __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
+    return (char *)b + TNT_BLOB_HEAD;
+}
+
 /* A registered tile's bytes (see tnt_register: items, or one item of the whole size). */
 static size_t tnt_nbytes(starpu_data_handle_t d)
 {
@@ -642,6 +687,9 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
     int nbuf = STARPU_TASK_GET_NBUFFERS(task);
     int64_t failed = tnt_task_failure(task, nbuf);
     if (failed) {
+        const int32_t *prog = (const int32_t *)(a + 1);
+        if (prog[0] == TNT_ROWS_INGRESS)
+            tnt_blob_release((void *)(uintptr_t)((const double *)((const char *)a + tnt_ew_consts_at(a->nints)))[0]);
         tnt_native_failed(task, nbuf, failed);
         return;
     }
@@ -651,14 +699,16 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
     double t0 = tnt_now();
     int rc = TNT_ROWS_OK;
     int64_t bad[3] = {0, 0, 0};
+    const int32_t *prog = (const int32_t *)(a + 1);
+    const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
     if (!tnt_skip_kernels) {
-        const int32_t *prog = (const int32_t *)(a + 1);
-        const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
         if (prog[0] == 0)
             tnt_ew_run(prog + 1, consts, ptrs);
         else if (!tnt_softmax_shared(prog[0], prog + 1, ptrs))
             rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, bad);
     }
+    if (prog[0] == TNT_ROWS_INGRESS)
+        tnt_blob_release((void *)(uintptr_t)consts[0]);
     if (rc != TNT_ROWS_OK) {  /* a bad index or target: the task fails as the CPU kernel would */
         tnt_native_failed(task, nbuf, _tnt_input_error(a->name, rc, bad[0], bad[1], bad[2]));
         return;
@@ -676,10 +726,16 @@ static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_
         || (prog[0] == 0 ? tnt_ew_check(prog + 1, nints - 1, nconst, nbuf)
                          : tnt_rows_check(prog[0], prog + 1, nints - 1, nconst, nbuf)) != 0)
         return -EINVAL;
+    void *blob = NULL;  /* the data an ingress reads: held until the task has run */
+    if (prog[0] == TNT_ROWS_INGRESS && (blob = tnt_blob_hold(prog + 1, consts[0])) == NULL)
+        return -EINVAL;
     size_t at = tnt_ew_consts_at(nints), size = at + (size_t)nconst * sizeof(double);
     struct tnt_ew_args *a = malloc(size);
-    if (a == NULL)
+    if (a == NULL) {
+        if (blob)
+            tnt_blob_release(blob);
         return -ENOMEM;
+    }
     struct tnt_ew_args v = { key, name, trace, nints, nconst };
     *a = v;
     memcpy(a + 1, prog, (size_t)nints * sizeof(int32_t));
@@ -690,7 +746,10 @@ static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_
     task->cl_arg_size = size;
     task->cl_arg_free = 1;
     task->where = where;
-    return tnt_set_buffers(task, nbuf, handles, modes) ? -ENOMEM : starpu_task_submit(task);
+    int rc = tnt_set_buffers(task, nbuf, handles, modes) ? -ENOMEM : starpu_task_submit(task);
+    if (rc != 0 && blob)
+        tnt_blob_release(blob);
+    return rc;
 }
 
 void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute)

@@ -23,6 +23,8 @@ int tnt_nworkers(void);
 void tnt_pause(void);
 void tnt_resume(void);
 void tnt_trim(void);
+void *tnt_blob_new(size_t nbytes);
+void tnt_blob_release(void *data);
 tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated);
 void tnt_unregister_submit(tnt_handle h);
 void tnt_unregister_now(tnt_handle h);
