@@ -818,14 +818,18 @@ def test_dropout_forward_backward_in_c(python_tasks, tiles, p):
                                    torch.complex128])
 def test_cpu_data_is_copied_in_by_c_tasks(python_tasks, tiles, dtype):
     """CPU tensors moved to nntile are copied into their tiles in C (elements of 1 to 8
-    bytes; complex128's 16 by Python): non-contiguous sources, 0-dim and empty ones, a
-    source changed after the move (the move took its values then)."""
+    bytes; complex128's 16 by Python): non-contiguous and conjugated sources, 0-dim and
+    empty ones, a source changed after the move (the move took its values then)."""
     x = (torch.randn(7, 5) * 100).to(dtype)
-    for src in (x, x.t(), x[::2, 1:], x[0, 0], x[:0]):
-        own = src.clone()
-        want = own.clone()
-        d = _dev(own, tiles if own.dim() == 2 and own.shape[0] == 7 else None)
-        own.zero_()
+    views = [lambda t: t, lambda t: t.t(), lambda t: t[::2, 1:], lambda t: t[0, 0], lambda t: t[:0]]
+    if dtype.is_complex:
+        views += [lambda t: t.conj(), lambda t: t.t().conj()]
+    for view in views:
+        base = x.clone()
+        src = view(base)
+        want = src.clone()
+        d = _dev(src, tiles if src.dim() == 2 and src.shape[0] == 7 else None)
+        base.zero_()
         got = d.cpu()
         assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
     if dtype.itemsize <= 8:
