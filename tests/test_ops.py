@@ -103,27 +103,32 @@ def test_matmul_both_kernel_paths(name, dtype, gemm_path):
     check_op(fn, [x.to(dtype) for x in inputs], MM_TILINGS[2], rtol=1e-5 if dtype == torch.float32 else 1e-12)
 
 
-@pytest.mark.parametrize("rows, ktiles, packs, ta", [
-    ([16, 16, 16, 16], [256], 1, False),  # one B tile, shared by 4 row tiles
-    ([16, 16, 16, 16], [128, 128], 2, False),  # one per K tile
-    ([20, 20, 24], [256], 1, False),  # only the two rows of height 20 share a pack
-    ([16, 16, 16, 16], [128, 128], 2, True),  # A stored transposed
+@pytest.mark.parametrize("rows, ktiles, packs, ta, tb", [
+    ([16, 16, 16, 16], [256], 1, False, False),  # one B tile, shared by 4 row tiles
+    ([16, 16, 16, 16], [128, 128], 2, False, False),  # one per K tile
+    ([20, 20, 24], [256], 1, False, False),  # only the two rows of height 20 share a pack
+    ([16, 16, 16, 16], [128, 128], 2, True, False),  # A stored transposed
+    ([16, 16, 16, 16], [256], 0, False, True),  # B transposed: 64 rows do not pay for its pack
+    ([1024, 1024], [256], 1, False, True),  # 2048 rows do
 ])
-def test_shared_operand_packed_once(rows, ktiles, packs, ta, gemm_path):
+def test_shared_operand_packed_once(rows, ktiles, packs, ta, tb, gemm_path):
     """A large B tile that several row tiles multiply is packed once per compile (native
-    path); results match CPU PyTorch forward and backward either way."""
-    x, w = torch.randn(64, 256), torch.randn(512, 256)
+    path), a transposed one only for 2048 rows or more; results match CPU PyTorch
+    forward and backward either way."""
+    x, w = torch.randn(sum(rows), 256), torch.randn(512, 256)
     if ta:
         x = x.t().contiguous()  # stored K x M, used transposed
+    if not tb:
+        w = w.t().contiguous()  # stored K x N
 
     def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return (a.t() if ta else a) @ b.t()
+        return (a.t() if ta else a) @ (b.t() if tb else b)
 
     tiles = {(0, int(ta)): rows, (0, 1 - int(ta)): ktiles}
     check_op(fn, [x, w], tiles)
     xn, wn = x.to("nntile"), w.to("nntile")
     for (_, d), t in tiles.items():
-        name = f"packed_{d}_{len(rows)}_{len(ktiles)}_{ta}"
+        name = f"packed_{d}_{len(rows)}_{len(ktiles)}_{ta}_{tb}"
         torch_nntile.set_axis_group_name(xn, {d: name})
         torch_nntile.set_axis_group_tiling(name, t)
     torch_nntile.execute()

@@ -15,6 +15,11 @@ from torch_nntile.ops.base import Op, input_index, record, reduce_into, split_ch
 from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
 
 PACK_MIN = 1 << 16  # elements of a B tile worth packing once for several products
+PACK_T_ROWS = 2048  # rows of the products a transposed B tile must feed to be packed once
+# (MKL packs a transposed [1024, 1024] B in 1.3-1.5 ms, a stored one in 0.35-0.4; a
+# product of 256 rows saved 0-0.1 ms by it, one of 1024 rows 0.6-1.7 ms: so the MLP's
+# forward, x @ W^T in 256-row tiles, runs faster unpacked, and an LM head's 1024-row
+# tiles packed)
 
 
 def _lower_mm(ctx: Lowering, node: OpNode) -> None:
@@ -39,7 +44,7 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
             bidx = (j, k) if tb else (k, j)
             args = [Arg(a, (k, i) if ta else (i, k), R)]
             packed = None
-            if rows[m] > 1 and n * ksizes[k] >= PACK_MIN:
+            if rows[m] > 1 and n * ksizes[k] >= PACK_MIN and (not tb or rows[m] * m >= PACK_T_ROWS):
                 packed = _packed_b(ctx, packs, b, bidx, tb, m, n, ksizes[k], alpha)
             if packed is not None:
                 args.append(Arg(packed, (0,), R))
