@@ -24,6 +24,7 @@
 #include "ew.h"
 #include "rows.h"
 #include "shim.h"
+#include "typed.h"
 
 /* The state of a tile's current value, in its handle's user_data (an intptr_t):
    0: computed; 2 * id: not computed, because of failure ``id`` (the next task that
@@ -139,12 +140,8 @@ void tnt_blob_release(void *data)
 static void *tnt_blob_hold(const int32_t *p, double addr)
 {
     struct tnt_blob *b = (struct tnt_blob *)((char *)(uintptr_t)addr - TNT_BLOB_HEAD);
-    if (addr < (double)TNT_BLOB_HEAD || b->magic != TNT_BLOB_MAGIC)
+    if (addr < (double)TNT_BLOB_HEAD || b->magic != TNT_BLOB_MAGIC || tnt_copy_boxes_source_bytes(p, 1) > b->nbytes)
         return NULL;
-    int esize = p[0], nd = p[1], nbox = p[2];
-    for (int k = 0; k < nbox; k++)
-        if ((size_t)p[6 + nd + k * (3 + 3 * nd) + 1] * (size_t)esize > b->nbytes)
-            return NULL;
     __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
     return (char *)b + TNT_BLOB_HEAD;
 }
@@ -685,11 +682,13 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
     const struct tnt_ew_args *a = cl_arg;
     struct starpu_task *task = starpu_task_get_current();
     int nbuf = STARPU_TASK_GET_NBUFFERS(task);
+    const int32_t *prog = (const int32_t *)(a + 1);
+    const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
+    void *blob = prog[0] == TNT_ROWS_INGRESS ? (void *)(uintptr_t)consts[0] : NULL;  /* held since submission */
     int64_t failed = tnt_task_failure(task, nbuf);
     if (failed) {
-        const int32_t *prog = (const int32_t *)(a + 1);
-        if (prog[0] == TNT_ROWS_INGRESS)
-            tnt_blob_release((void *)(uintptr_t)((const double *)((const char *)a + tnt_ew_consts_at(a->nints)))[0]);
+        if (blob)
+            tnt_blob_release(blob);
         tnt_native_failed(task, nbuf, failed);
         return;
     }
@@ -699,16 +698,14 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
     double t0 = tnt_now();
     int rc = TNT_ROWS_OK;
     int64_t bad[3] = {0, 0, 0};
-    const int32_t *prog = (const int32_t *)(a + 1);
-    const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
     if (!tnt_skip_kernels) {
         if (prog[0] == 0)
             tnt_ew_run(prog + 1, consts, ptrs);
         else if (!tnt_softmax_shared(prog[0], prog + 1, ptrs))
             rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, bad);
     }
-    if (prog[0] == TNT_ROWS_INGRESS)
-        tnt_blob_release((void *)(uintptr_t)consts[0]);
+    if (blob)
+        tnt_blob_release(blob);
     if (rc != TNT_ROWS_OK) {  /* a bad index or target: the task fails as the CPU kernel would */
         tnt_native_failed(task, nbuf, _tnt_input_error(a->name, rc, bad[0], bad[1], bad[2]));
         return;

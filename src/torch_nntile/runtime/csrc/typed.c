@@ -114,6 +114,18 @@ static int copy_boxes_check(const int32_t *p, int nints, int nbuf)
     return 0;
 }
 
+size_t tnt_copy_boxes_source_bytes(const int32_t *p, int src)
+{
+    int esize = p[0], nd = p[1], nbox = p[2];
+    size_t most = 0;
+    for (int b = 0; b < nbox; b++) {
+        const int32_t *q = p + BOX_HEAD + nd + b * (BOX_FIXED + 3 * nd);
+        if (q[0] == src && (size_t)q[1] * (size_t)esize > most)
+            most = (size_t)q[1] * (size_t)esize;
+    }
+    return most;
+}
+
 /* n elements of dst set to the element whose bits are v */
 static void fill_elements(int esize, void *dst, int64_t n, uint64_t v)
 {

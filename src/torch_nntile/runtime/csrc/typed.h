@@ -6,6 +6,7 @@
 #ifndef TNT_TYPED_H
 #define TNT_TYPED_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "walk.h"
@@ -20,6 +21,10 @@ void tnt_copy_strided(int esize, int nd, int64_t *shape, int64_t (*str)[TNT_WALK
    copied where an index is out of range (the first in index order is put in *bad), else 0. */
 int tnt_take(int64_t outer, int64_t n, int64_t inner, int64_t k, int esize, int wrap, const void *index,
              int index64, void *o, const void *x, int64_t *bad);
+
+/* The bytes a checked TNT_ROWS_COPY_BOXES record ``p`` reads from buffer ``src`` at most
+   (its boxes' source sizes): what that buffer must hold. */
+size_t tnt_copy_boxes_source_bytes(const int32_t *p, int src);
 
 /* 0 when p (nints values after the kind) fits typed kind ``kind`` with nbuf buffers. */
 int tnt_typed_check(int kind, const int32_t *p, int nints, int nbuf);
