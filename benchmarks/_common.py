@@ -2,9 +2,14 @@
 sides in alternating blocks, the arithmetic floor and the peak resident memory.
 
 Arithmetic floor: a step's multiply-add count (counted by each benchmark from its model's
-shapes) over the rate of ``torch.mm`` on all cores, measured in the same process before
-the timed steps: the time the step would take if it were nothing but matrix products
-running as fast as eager's own.
+shapes) over the rate of ``torch.mm`` on all cores, measured in the same process: the
+time the step would take if it were nothing but matrix products running as fast as
+eager's own. The rate is the median of one product timed after each pair of blocks,
+so that it meets the machine's noise as the steps' medians do; the best of ten products
+timed before the steps (the figure printed before 2026-12-04) is printed beside it. On
+a shared machine that best was 2-10 % above what the products ran at while the steps
+did, which put even eager's step (nearly all products of the floor's kind) at 1.08-1.19
+times the floor.
 
 Peak resident memory: each side runs in a process of its own (the benchmark re-runs its
 script with ``--rss-side cpu|nntile``) that builds only that side, with the same imports
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import re
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -33,17 +39,26 @@ Step = Callable[[], float]
 _RSS_LINE = "rss-side peak MiB:"
 
 
-def mm_rate(n: int = 2048, reps: int = 10) -> float:
-    """Multiply-adds per second of a float32 ``n`` x ``n`` ``torch.mm`` on torch's default
-    threads, best of ``reps`` after one untimed product (many: the machine may be shared)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
+def mm_probe(n: int = 2048) -> Callable[[], float]:
+    """A callable returning the multiply-adds per second of one float32 ``n`` x ``n``
+    ``torch.mm`` on torch's default threads. Its operands and result are made once (one
+    product untimed): a new result would be memory the allocator may have just given
+    back to the kernel (nntile trims malloc's free pages), its page faults timed too."""
+    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    torch.mm(a, b, out=c)
+
+    def rate() -> float:
         t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return n**3 / best
+        torch.mm(a, b, out=c)
+        return n**3 / (time.perf_counter() - t0)
+
+    return rate
+
+
+def mm_rate(n: int = 2048, reps: int = 10) -> float:
+    """The best of ``reps`` ``mm_probe`` rates, timed one after the other."""
+    probe = mm_probe(n)
+    return max(probe() for _ in range(reps))
 
 
 def timed_block(step: Step, n: int, on_nntile: bool) -> float:
@@ -57,16 +72,21 @@ def timed_block(step: Step, n: int, on_nntile: bool) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def alternate(cpu_step: Step, dev_step: Step, steps: int, block: int) -> tuple[list[float], list[float]]:
+def alternate(cpu_step: Step, dev_step: Step, steps: int, block: int,
+              probe: Callable[[], float] | None = None) -> tuple[list[float], list[float], list[float]]:
     """Per-step times of blocks of ``block`` steps, the two sides alternating (which side
-    goes first swaps every block) so that machine noise hits both alike."""
+    goes first swaps every block) so that machine noise hits both alike; and what
+    ``probe`` (``mm_probe``) returned after each pair of blocks."""
     cpu_t: list[float] = []
     dev_t: list[float] = []
+    rates: list[float] = []
     for i in range(max(1, steps // block)):
         sides = [(cpu_t, cpu_step, False), (dev_t, dev_step, True)]
         for times, step, on_nntile in sides if i % 2 == 0 else sides[::-1]:
             times.append(timed_block(step, block, on_nntile))
-    return cpu_t, dev_t
+        if probe is not None:
+            rates.append(probe())
+    return cpu_t, dev_t, rates
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
@@ -127,14 +147,18 @@ def peak_rss(script: str, argv: list[str]) -> tuple[float, float, str]:
     return peaks[0], peaks[1], what
 
 
-def print_figures(macs: int, rate: float, mm_size: int, cpu_med: float, dev_med: float,
+def print_figures(macs: int, rates: list[float], best: float, mm_size: int, cpu_med: float, dev_med: float,
                   rss: tuple[float, float, str] | None, rss_steps: int) -> None:
-    """The floor, nntile/floor and peak RSS lines (step times in seconds); the caller
-    prints the ratio line last."""
-    floor = macs / rate
-    print(f"floor ms: {floor * 1e3:.2f} ({macs / 1e9:.3f} GMAC a step at {rate / 1e9:.1f} GMAC/s, torch.mm "
-          f"{mm_size}x{mm_size} float32 on {torch.get_num_threads()} threads; cpu/floor {cpu_med / floor:.2f})")
+    """The floor, nntile/floor and peak RSS lines (step times in seconds; ``rates`` timed
+    between the blocks, ``best`` before the steps); the caller prints the ratio line last."""
+    rate = statistics.median(rates)
+    floor, peak = macs / rate, macs / best
+    print(f"floor ms: {floor * 1e3:.2f} ({macs / 1e9:.3f} GMAC a step at {rate / 1e9:.1f} GMAC/s, the median of "
+          f"{len(rates)} torch.mm {mm_size}x{mm_size} float32 on {torch.get_num_threads()} threads timed between "
+          f"the blocks; cpu/floor {cpu_med / floor:.2f})")
     print(f"nntile/floor: {dev_med / floor:.2f}")
+    print(f"floor at the best of 10 products before the steps: {peak * 1e3:.2f} ms ({best / 1e9:.1f} GMAC/s; "
+          f"nntile/floor {dev_med / peak:.2f}, cpu/floor {cpu_med / peak:.2f})")
     if rss is not None:
         cpu_mib, dev_mib, what = rss
         print(f"peak rss MiB: cpu {cpu_mib:.1f} nntile {dev_mib:.1f} (nntile/cpu {dev_mib / cpu_mib:.2f}; "

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 
 import torch
 import transformers as hf
-from _common import add_common_args, alternate, mm_rate, peak_rss, print_figures, rss_side
+from _common import add_common_args, alternate, mm_probe, mm_rate, peak_rss, print_figures, rss_side
 
 import torch_nntile
 
@@ -196,7 +196,7 @@ def main() -> None:
     torch_nntile.wait()
     print(f"loss after warm-up: cpu {want:.6f}, nntile {got:.6f}")
     torch_nntile.reset_info()
-    cpu_t, dev_t = alternate(cpu_step, dev_step, steps, args.block)
+    cpu_t, dev_t, rates = alternate(cpu_step, dev_step, steps, args.block, mm_probe(args.mm_size))
     cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
     nsteps = len(cpu_t) * args.block
     tiled = ", ".join(f"{k} {v}" for k, v in tilings.items() if v is not None) or "untiled"
@@ -216,7 +216,7 @@ def main() -> None:
         print(torch_nntile.format_info())
         print(torch_nntile.metrics_report())
     rss = peak_rss(sys.argv[0], sys.argv[1:]) if args.rss_steps > 0 else None
-    print_figures(step_macs(preset), rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
+    print_figures(step_macs(preset), rates, rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
     print(f"ratio nntile/cpu: {dev_med / cpu_med:.2f}")
     torch_nntile.shutdown_context()
 

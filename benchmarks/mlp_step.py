@@ -25,7 +25,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from _common import add_common_args, alternate, mm_rate, peak_rss, print_figures, rss_side
+from _common import add_common_args, alternate, mm_probe, mm_rate, peak_rss, print_figures, rss_side
 
 import torch_nntile
 from torch_nntile.nn.model import DeepReLU
@@ -95,7 +95,7 @@ def main() -> None:
         dev_step()
     torch_nntile.wait()
     torch_nntile.reset_info()
-    cpu_t, dev_t = alternate(cpu_step, dev_step, args.steps, args.block)
+    cpu_t, dev_t, rates = alternate(cpu_step, dev_step, args.steps, args.block, mm_probe(args.mm_size))
     cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     nsteps = len(cpu_t) * args.block
@@ -110,7 +110,7 @@ def main() -> None:
             dev_step()
         print(f"trace of one step written to {args.trace}")
     rss = peak_rss(sys.argv[0], sys.argv[1:]) if args.rss_steps > 0 else None
-    print_figures(step_macs(cpu_model, args.batch), rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
+    print_figures(step_macs(cpu_model, args.batch), rates, rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
     print(f"ratio nntile/cpu: {dev_med / cpu_med:.2f}")
     torch_nntile.shutdown_context()
 

@@ -1,6 +1,7 @@
 """benchmarks/mlp_step.py and gpt2_step.py: their multiply-add counts match what PyTorch's
 flop counter sees in an eager step, and each runs with tiny settings in a fresh
-interpreter and prints every figure line in a form that parses (no timing asserted).
+interpreter and prints every figure line in a form that parses, its quotients those of
+the figures printed (no timing asserted).
 The runs start three interpreters each (the timed one and one per side for the peak
 memory), so they are marked slow."""
 
@@ -26,6 +27,8 @@ NUM = r"([0-9]+(?:\.[0-9]+)?)"
 FIGURES = {  # line -> pattern its numbers must match
     "floor": rf"^floor ms: {NUM} \(",
     "nntile/floor": rf"^nntile/floor: {NUM}$",
+    "best floor": rf"^floor at the best of 10 products before the steps: {NUM} ms \({NUM} GMAC/s; "
+                  rf"nntile/floor {NUM}, cpu/floor {NUM}\)$",
     "rss": rf"^peak rss MiB: cpu {NUM} nntile {NUM} \(nntile/cpu {NUM};",
     "ratio": rf"^ratio nntile/cpu: {NUM}$",
 }
@@ -74,6 +77,8 @@ def _check_figures(out: str) -> None:
     floor = re.search(FIGURES["floor"], out, re.M).group(1)
     dev = re.search(rf"^nntile step: +median +{NUM} ms", out, re.M).group(1)
     _assert_quotient(re.search(FIGURES["nntile/floor"], out, re.M).group(1), dev, floor)
+    best, _rate, dev_best, _cpu_best = re.search(FIGURES["best floor"], out, re.M).groups()
+    _assert_quotient(dev_best, dev, best)
     cpu_mib, dev_mib, ratio = re.search(FIGURES["rss"], out, re.M).groups()
     _assert_quotient(ratio, dev_mib, cpu_mib)
 
