@@ -7,8 +7,8 @@ time the step would take if it were nothing but matrix products running as fast 
 eager's own. The rate is the median of one product timed after each pair of blocks,
 so that it meets the machine's noise as the steps' medians do; the best of ten products
 timed before the steps (the figure printed before 2026-12-04) is printed beside it. On
-a shared machine that best was 2-10 % above what the products ran at while the steps
-did, which put even eager's step (nearly all products of the floor's kind) at 1.08-1.19
+a shared machine that best was 4-23 % above what the products ran at while the steps
+did, which put even eager's step (nearly all products of the floor's kind) at 1.15-1.36
 times the floor.
 
 Peak resident memory: each side runs in a process of its own (the benchmark re-runs its
