@@ -37,6 +37,7 @@ import torch_nntile
 
 Step = Callable[[], float]
 _RSS_LINE = "rss-side peak MiB:"
+BEST_OF = 10  # products timed one after the other before the steps, for the best-of floor line
 
 
 def mm_probe(n: int = 2048) -> Callable[[], float]:
@@ -55,7 +56,7 @@ def mm_probe(n: int = 2048) -> Callable[[], float]:
     return rate
 
 
-def mm_rate(n: int = 2048, reps: int = 10) -> float:
+def mm_rate(n: int = 2048, reps: int = BEST_OF) -> float:
     """The best of ``reps`` ``mm_probe`` rates, timed one after the other."""
     probe = mm_probe(n)
     return max(probe() for _ in range(reps))
@@ -157,7 +158,7 @@ def print_figures(macs: int, rates: list[float], best: float, mm_size: int, cpu_
           f"{len(rates)} torch.mm {mm_size}x{mm_size} float32 on {torch.get_num_threads()} threads timed between "
           f"the blocks; cpu/floor {cpu_med / floor:.2f})")
     print(f"nntile/floor: {dev_med / floor:.2f}")
-    print(f"floor at the best of 10 products before the steps: {peak * 1e3:.2f} ms ({best / 1e9:.1f} GMAC/s; "
+    print(f"floor at the best of {BEST_OF} products before the steps: {peak * 1e3:.2f} ms ({best / 1e9:.1f} GMAC/s; "
           f"nntile/floor {dev_med / peak:.2f}, cpu/floor {cpu_med / peak:.2f})")
     if rss is not None:
         cpu_mib, dev_mib, what = rss
