@@ -53,6 +53,24 @@ def test_factories():
     assert torch.equal(torch.tensor([1, 2], device="nntile").cpu(), torch.tensor([1, 2]))
 
 
+
+@pytest.mark.parametrize("cpu", [torch.tensor([]), torch.zeros(0, 3, dtype=torch.int64), torch.ones(2, 0, 4).bool(),
+                                 torch.zeros(3, 4)[:, 4:]], ids=["1d", "int64", "bool", "strided"])
+def test_zero_size_copies_in_without_host_copy(cpu):
+    """A CPU tensor of no elements comes in as a fill of its shape (HF's cache makes
+    ``torch.tensor([])`` every step): no bytes are copied, and it behaves as CPU's."""
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    n = cpu.to("nntile")
+    assert torch_nntile.pending_op_names()[-1:] == ["fill"]
+    assert n.shape == cpu.shape and n.dtype == cpu.dtype
+    got = n.cpu()
+    assert got.shape == cpu.shape and got.dtype == cpu.dtype
+    assert torch_nntile.info()["bytes_in"] == 0
+    x = torch.randn(2, 3, 5)
+    assert torch.equal(torch.cat([torch.tensor([], device="nntile"), x.to("nntile")], dim=-2).cpu(),
+                       torch.cat([torch.tensor([]), x], dim=-2))
+
 def test_print():
     t = torch.tensor([1.5, -2.0], device="nntile")
     s = repr(t)
