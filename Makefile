@@ -65,4 +65,4 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) build dist .starpu src/*.egg-info src/torch_nntile/runtime/_shim* \
-		src/torch_nntile/backend/_views* src/torch_nntile/tiling/_structure* src/torch_nntile/graph/_refs*
+		src/torch_nntile/backend/_native* src/torch_nntile/backend/_views* src/torch_nntile/tiling/_structure* src/torch_nntile/graph/_refs*

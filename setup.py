@@ -1,26 +1,28 @@
 """Builds the StarPU shim (cffi API mode), the structure key of compiles
 (``tiling/csrc/structure.c``) and the graph's reference counts (``graph/csrc/refs.c``),
 both needing only Python's headers, and, where torch is
-importable at build time, the C++ view kernels (``backend/csrc/views.cpp``); metadata
-is in pyproject.toml.
+importable at build time, the backend's C++ library: the view kernels
+(``backend/csrc/views.cpp``) and the device guard (``backend/csrc/device_guard.cpp``);
+metadata is in pyproject.toml.
 
-The view kernels are optional: a build without torch (the wheel's tools venv) leaves
-them out and the package registers the same kernels in Python."""
+That library is optional: a build without torch (the wheel's tools venv) leaves it
+out, and the package then registers the same view kernels in Python and keeps the
+device guard PyTorch gives a Python backend."""
 
 from __future__ import annotations
 
 from setuptools import Extension, setup
 
 
-def _view_kernels() -> list[Extension]:
+def _backend_library() -> list[Extension]:
     try:
         import torch
         from torch.utils import cpp_extension
     except ImportError:
         return []
     return [Extension(
-        "torch_nntile.backend._views",
-        sources=["src/torch_nntile/backend/csrc/views.cpp"],
+        "torch_nntile.backend._native",
+        sources=["src/torch_nntile/backend/csrc/views.cpp", "src/torch_nntile/backend/csrc/device_guard.cpp"],
         include_dirs=cpp_extension.include_paths(),
         library_dirs=cpp_extension.library_paths(),
         libraries=["c10", "torch_cpu"],
@@ -36,4 +38,4 @@ STRUCTURE = Extension("torch_nntile.tiling._structure", sources=["src/torch_nnti
 REFS = Extension("torch_nntile.graph._refs", sources=["src/torch_nntile/graph/csrc/refs.c"], extra_compile_args=PY_C_ARGS)
 
 setup(cffi_modules=["src/torch_nntile/runtime/_build_shim.py:ffibuilder"],
-      ext_modules=[STRUCTURE, REFS, *_view_kernels()])
+      ext_modules=[STRUCTURE, REFS, *_backend_library()])

@@ -238,12 +238,12 @@ def test_a_bad_worker_niceness_is_named():
 
 
 def test_views_run_as_cpp_kernels_with_cpu_errors():
-    # the build compiles backend/csrc/views.cpp: views then record no Python call (not
+    # the build compiles the backend's C++ library (backend/csrc/views.cpp): views then record no Python call (not
     # counted as ATen calls) and raise CPU's errors, a geometry past the storage included
     from torch_nntile import stats
     from torch_nntile.backend import table_data
 
-    assert table_data.NATIVE_VIEWS
+    assert table_data.NATIVE
     x = torch.arange(24.0)
     xn = x.to("nntile")
     before = stats.OP_CALLS.copy()
@@ -256,3 +256,31 @@ def test_views_run_as_cpp_kernels_with_cpu_errors():
         with pytest.raises(RuntimeError) as ours:
             bad(xn)
         assert str(ours.value) == str(cpu.value)
+
+
+def test_device_guard_runs_in_cpp(monkeypatch):
+    """The build's C++ device guard answers PyTorch's device and stream questions
+    (about 800 a GPT-2 step, most on autograd's thread) instead of the Python guard
+    PyTorch gives a Python backend, which takes the GIL for each: a training step
+    asks Python nothing, and autograd's answers are CPU's."""
+    import torch.utils.backend_registration as registration
+
+    from torch_nntile.backend import table_data
+
+    assert table_data.NATIVE
+    asked = []
+    monkeypatch.setattr(registration._DummyDeviceGuard, "type_", lambda self: asked.append(1) or
+                        torch._C._autograd.DeviceType.PrivateUse1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    x = torch.randn(5, 6)
+    want = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
+    dev = model.to("nntile")
+    got = torch.autograd.grad(dev(x.to("nntile")).square().sum(), list(dev.parameters()))
+    with torch.device("nntile"):
+        made = torch.zeros(2)
+    assert made.device == torch.device("nntile", 0)
+    for g, w in zip(got, want):
+        assert g.device == torch.device("nntile", 0)
+        assert_close(g.cpu(), w)
+    assert asked == []

@@ -304,18 +304,20 @@ for _name in ("normal_", "uniform_", "bernoulli_.float", "random_", "random_.fro
 # -- views: metadata over the same storage ---------------------------------------
 
 _VIEWS = ("view", "_reshape_alias", "as_strided")
-"""Views registered from C++ (``csrc/views.cpp``) where that library was built."""
+"""Views registered from C++ (``csrc/views.cpp``) where the backend's C++ library was built."""
 
 
-def _load_native_views() -> bool:
-    """Register ``_VIEWS`` from the C++ library beside this module; False where it was
-    not built (a build without torch): the Python kernels below register instead."""
+def _load_native() -> bool:
+    """Load the backend's C++ library beside this module: it registers ``_VIEWS`` and
+    installs the C++ device guard (``csrc/device_guard.cpp``) in place of the Python one.
+    False where it was not built (a build without torch): the Python view kernels below
+    register instead, and the Python guard stays."""
     here = os.path.dirname(os.path.abspath(__file__))
-    lib = next((os.path.join(here, f) for f in sorted(os.listdir(here)) if f.startswith("_views.") and f.endswith(".so")),
+    lib = next((os.path.join(here, f) for f in sorted(os.listdir(here)) if f.startswith("_native.") and f.endswith(".so")),
                None)
     if lib is None:
         return False
-    torch.ops.load_library(lib)  # its static registrar runs on load
+    torch.ops.load_library(lib)  # its static registrars run on load
     REGISTERED.update(_VIEWS)
     return True
 
@@ -337,8 +339,8 @@ def _as_strided(self: torch.Tensor, size: Any, stride: Any, storage_offset: int 
     return aten.as_strided.default.redispatch(META, self, size, stride, storage_offset)
 
 
-NATIVE_VIEWS = _load_native_views()
-if not NATIVE_VIEWS:
+NATIVE = _load_native()
+if not NATIVE:
     for _name in ("view", "_reshape_alias"):
         register(_name, _meta_view(getattr(aten, _name).default))
     register("as_strided", _as_strided)
