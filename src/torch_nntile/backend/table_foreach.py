@@ -160,27 +160,30 @@ def _direct(form: tuple[Callable[..., DataNode], bool], overload: Any, key: str)
 
 def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws: list[dict[str, Any]]) -> list[Any] | None:
     """The elements recorded as ``foreach`` graph ops, one per group of elements alike in
-    what an elementwise form's kernel and dtype depend on (``_scan``); None (nothing
+    what an elementwise form's kernel and dtype depend on (``_alike``); None (nothing
     written) where that does not apply: then element by element, as before.
 
-    Each element's tensors are looked at once, in one pass (``_scan``), for the
-    grouping, the aliasing check, the reads and the writes: an optimizer step meets
-    every parameter in each of its calls, so this runs ~250 times a small GPT-2 step."""
+    Each element's tensors and their payloads are looked up once, for the grouping,
+    the aliasing check and the reads (an optimizer step meets every parameter in
+    each of its calls)."""
     groups: dict[tuple[Any, ...], list[int]] = {}
-    scans: list[_Scan] = []
+    tensors: list[list[torch.Tensor]] = []
     for i, (p, k) in enumerate(zip(pos, kws)):
-        sc = _scan((*p, *k.values()) if k else p)
-        if sc is None:
+        ts: list[torch.Tensor] = []
+        sig = _alike(p, k, ts)
+        if sig is None:
             return None
-        groups.setdefault(sc[0], []).append(i)
-        scans.append(sc)
+        groups.setdefault(sig, []).append(i)
+        tensors.append(ts)
     if len(groups) == len(pos):
         return None  # no two alike
-    if in_place and _aliased([sc[2] for sc in scans]):
+    bufs = [[_buf(a) for a in ts] for ts in tensors]
+    if in_place and _aliased(bufs):
         return None
     values: list[Any] = [None] * len(pos)
     for sig, idx in groups.items():
-        got = _record_alike(fn, sig, [pos[i] for i in idx], [kws[i] for i in idx], [scans[i] for i in idx])
+        got = _record_alike(fn, sig, [pos[i] for i in idx], [kws[i] for i in idx], [tensors[i] for i in idx],
+                            [bufs[i] for i in idx])
         if got is None:
             return None
         for i, v in zip(idx, got):
@@ -188,54 +191,11 @@ def _together(fn: Callable[..., DataNode], in_place: bool, pos: list[tuple], kws
     if not in_place:
         return [new_tensor(v) for v in values]
     targets = [p[0] for p in pos]
-    for t, v, sc in zip(targets, values, scans):
-        if not (sc[3][0] and v.dtype is t.dtype and v.shape == sc[3][0].shape) and inplace_error(t, v) is not None:
-            return None  # element by element, each raising as its op would (the ops recorded are left unread)
-    for t, v, sc in zip(targets, values, scans):
-        whole = sc[3][0]
-        if whole and v.dtype is t.dtype and v.shape == whole.shape:
-            buf = sc[2][0]  # the target is its payload's whole value: the new value replaces it
-            buf.node = v
-            buf.views = None
-        else:
-            write(t, v)
+    if any(inplace_error(t, v) is not None for t, v in zip(targets, values)):
+        return None  # element by element, each raising as its op would (the ops recorded are left unread)
+    for t, v in zip(targets, values):
+        write(t, v)
     return targets
-
-
-# Per element: its signature (``_scan``), its tensors, their payloads, and per tensor
-# its payload's node where the tensor is that whole value (else None: read through views).
-_Scan = tuple[tuple[Any, ...], list[torch.Tensor], list[Any], list[DataNode | None]]
-
-
-def _scan(args: tuple) -> _Scan | None:
-    """An element's arguments looked at once: what an elementwise form's kernel and dtype
-    depend on (per argument a tensor's dtype and dimensions, a number's type and value,
-    -0.0 told from 0.0), and its tensors' payloads and nodes. None for other arguments
-    (CPU tensors, lists). A lazily conjugated or negated tensor is not its node's whole
-    value: ``read`` resolves the bits."""
-    sig: list[Any] = []
-    tensors: list[torch.Tensor] = []
-    bufs: list[Any] = []
-    wholes: list[DataNode | None] = []
-    for a in args:
-        t = type(a)
-        if t is float:
-            sig.append((float, a, math.copysign(1.0, a)))
-        elif isinstance(a, torch.Tensor):
-            if a.device != NNTILE:
-                return None
-            buf = _buf(a)
-            node = buf.node
-            whole = a.shape == node.shape and a.is_contiguous() and not (a.is_conj() or a.is_neg())
-            sig.append((a.dtype, a.dim()))
-            tensors.append(a)
-            bufs.append(buf)
-            wholes.append(node if whole else None)
-        elif t is int or t is bool or t is str or a is None:
-            sig.append((t, a))
-        else:
-            return None
-    return tuple(sig), tensors, bufs, wholes
 
 
 # (form, signature, keyword names, default dtype) -> the (kernel, name, dtype) its probe
@@ -245,13 +205,13 @@ _PROBED_MAX = 256  # distinct signatures kept (changing scalars, e.g. bias corre
 
 
 def _record_alike(fn: Callable[..., DataNode], sig: tuple[Any, ...], pos: list[tuple], kws: list[dict[str, Any]],
-                  scans: list[_Scan]) -> list[DataNode] | None:
+                  tensors: list[list[torch.Tensor]], bufs: list[list[Any]]) -> list[DataNode] | None:
     """The results of alike elements (signature ``sig``): one ``foreach`` op where the
-    element op is one map of the element's tensors (``scans``), in order, whose kernel is
-    made from the arguments alone (``call_out``). The first element runs the form to
-    learn that kernel (its op is left unread and pruned, unless it is the only element);
-    a later call with the same signature takes the kernel learned then, since the
-    signature is all the kernel depends on."""
+    element op is one map of the element's tensors (``tensors``, their payloads
+    ``bufs``), in order, whose kernel is made from the arguments alone (``call_out``).
+    The first element runs the form to learn that kernel (its op is left unread and
+    pruned, unless it is the only element); a later call with the same signature takes
+    the kernel learned then, since the signature is all the kernel depends on."""
     key = (fn, sig, tuple(kws[0]), torch.get_default_dtype())
     known = _PROBED.get(key) if len(pos) > 1 else None
     if known is None:
@@ -265,7 +225,7 @@ def _record_alike(fn: Callable[..., DataNode], sig: tuple[Any, ...], pos: list[t
         if (op is None or op.opdef is not MAP or op.outputs[0] is not probe
                 or getattr(op.attrs[0], "fn", None) is not call_out):
             return None
-    nodes = [[n if n is not None else read(a) for a, n in zip(ts, ns)] for _sig, ts, _bs, ns in scans]
+    nodes = [[_read(a, b) for a, b in zip(ts, bs)] for ts, bs in zip(tensors, bufs)]
     if known is None:
         if op.inputs != tuple(nodes[0]):  # nodes compare by identity
             return None
@@ -278,6 +238,15 @@ def _record_alike(fn: Callable[..., DataNode], sig: tuple[Any, ...], pos: list[t
         return list(foreach_op(name, kernel, nodes, dtype))
     except RuntimeError:  # shapes that do not broadcast: raised element by element, as the op would
         return None
+
+
+def _read(t: torch.Tensor, buf: Any) -> DataNode:
+    """``read(t)`` for ``t`` with payload ``buf``: its node itself where ``t`` is the whole
+    contiguous value (a parameter, a gradient, an optimizer state), else through ``read``."""
+    node = buf.node
+    if t.shape == node.shape and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+        return node
+    return read(t)
 
 
 def _aliased(bufs: list[list[Any]]) -> bool:
@@ -294,6 +263,29 @@ def _aliased(bufs: list[list[Any]]) -> bool:
             if owner.get(id(b), i) != i:
                 return True
     return False
+
+
+def _alike(p: tuple, k: dict[str, Any], tensors: list[torch.Tensor]) -> tuple[Any, ...] | None:
+    """What an elementwise form's kernel and dtype depend on: per argument a tensor's
+    dtype and dimensions, a number's type and value (-0.0 told from 0.0); None for
+    other arguments (CPU tensors, lists). The element's tensors are appended to
+    ``tensors``, in argument order. (A lazily conjugated or negated tensor reads as a
+    value of its own: ``read`` resolves the bits.)"""
+    sig: list[Any] = []
+    for a in (*p, *k.values()) if k else p:
+        t = type(a)
+        if t is float:
+            sig.append((float, a, math.copysign(1.0, a)))
+        elif isinstance(a, torch.Tensor):
+            if a.device != NNTILE:
+                return None
+            sig.append((a.dtype, a.dim()))
+            tensors.append(a)
+        elif t is int or t is bool or t is str or a is None:
+            sig.append((t, a))
+        else:
+            return None
+    return tuple(sig)
 
 
 # The element op overload each foreach overload runs: by (op, overload), else by overload.
