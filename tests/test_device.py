@@ -53,7 +53,6 @@ def test_factories():
     assert torch.equal(torch.tensor([1, 2], device="nntile").cpu(), torch.tensor([1, 2]))
 
 
-
 @pytest.mark.parametrize("cpu", [torch.tensor([]), torch.zeros(0, 3, dtype=torch.int64), torch.ones(2, 0, 4).bool(),
                                  torch.zeros(3, 4)[:, 4:]], ids=["1d", "int64", "bool", "strided"])
 def test_zero_size_copies_in_without_host_copy(cpu):
@@ -70,6 +69,7 @@ def test_zero_size_copies_in_without_host_copy(cpu):
     x = torch.randn(2, 3, 5)
     assert torch.equal(torch.cat([torch.tensor([], device="nntile"), x.to("nntile")], dim=-2).cpu(),
                        torch.cat([torch.tensor([]), x], dim=-2))
+
 
 def test_print():
     t = torch.tensor([1.5, -2.0], device="nntile")
@@ -238,8 +238,9 @@ def test_a_bad_worker_niceness_is_named():
 
 
 def test_views_run_as_cpp_kernels_with_cpu_errors():
-    # the build compiles the backend's C++ library (backend/csrc/views.cpp): views then record no Python call (not
-    # counted as ATen calls) and raise CPU's errors, a geometry past the storage included
+    # the build compiles the backend's C++ library (backend/csrc/views.cpp): views then
+    # record no Python call (not counted as ATen calls) and raise CPU's errors, a
+    # geometry past the storage included
     from torch_nntile import stats
     from torch_nntile.backend import table_data
 
