@@ -56,9 +56,8 @@ def mm_probe(n: int = 2048) -> Callable[[], float]:
     return rate
 
 
-def mm_rate(n: int = 2048, reps: int = BEST_OF) -> float:
-    """The best of ``reps`` ``mm_probe`` rates, timed one after the other."""
-    probe = mm_probe(n)
+def mm_rate(probe: Callable[[], float], reps: int = BEST_OF) -> float:
+    """The best of ``reps`` rates of ``probe`` (``mm_probe``), timed one after the other."""
     return max(probe() for _ in range(reps))
 
 

@@ -183,12 +183,13 @@ def main() -> None:
         tilings[group] = preset.tilings.get(group) if given is None else None if given == "none" else given
 
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=args.cpu_fallback, scheduler=args.scheduler)
-    rate = mm_rate(args.mm_size) if args.rss_side is None else 0.0  # eager's threads, before the timed steps
     if args.rss_side is not None:
         rss_side(make_side(args.rss_side, preset, tilings, args.capture, args.fused), args.warmup, args.rss_steps,
                  args.rss_side == "nntile")
         torch_nntile.shutdown_context()
         return
+    probe = mm_probe(args.mm_size)  # eager's threads; timed before the steps and between their blocks
+    rate = mm_rate(probe)
     cpu_step = make_side("cpu", preset, tilings, fused=args.fused)
     dev_step = make_side("nntile", preset, tilings, args.capture, args.fused)
     for _ in range(args.warmup):
@@ -196,7 +197,7 @@ def main() -> None:
     torch_nntile.wait()
     print(f"loss after warm-up: cpu {want:.6f}, nntile {got:.6f}")
     torch_nntile.reset_info()
-    cpu_t, dev_t, rates = alternate(cpu_step, dev_step, steps, args.block, mm_probe(args.mm_size))
+    cpu_t, dev_t, rates = alternate(cpu_step, dev_step, steps, args.block, probe)
     cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
     nsteps = len(cpu_t) * args.block
     tiled = ", ".join(f"{k} {v}" for k, v in tilings.items() if v is not None) or "untiled"

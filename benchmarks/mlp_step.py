@@ -82,12 +82,13 @@ def main() -> None:
     args = ap.parse_args()
 
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=False, scheduler=args.scheduler)
-    rate = mm_rate(args.mm_size) if args.rss_side is None else 0.0  # eager's threads, before the timed steps
     if args.rss_side is not None:
         _, step = make_side(args.rss_side, args)
         rss_side(step, args.warmup, args.rss_steps, args.rss_side == "nntile")
         torch_nntile.shutdown_context()
         return
+    probe = mm_probe(args.mm_size)  # eager's threads; timed before the steps and between their blocks
+    rate = mm_rate(probe)
     cpu_model, cpu_step = make_side("cpu", args)
     _, dev_step = make_side("nntile", args)
     for _ in range(args.warmup):
@@ -95,7 +96,7 @@ def main() -> None:
         dev_step()
     torch_nntile.wait()
     torch_nntile.reset_info()
-    cpu_t, dev_t, rates = alternate(cpu_step, dev_step, args.steps, args.block, mm_probe(args.mm_size))
+    cpu_t, dev_t, rates = alternate(cpu_step, dev_step, args.steps, args.block, probe)
     cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     nsteps = len(cpu_t) * args.block
