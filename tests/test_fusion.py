@@ -1,12 +1,14 @@
-"""Elementwise chains whose intermediate results nothing holds run as one task per
-tile (the intermediates never become tiles); results are CPU's."""
+"""Elementwise chains run as one task per tile: intermediate results nothing holds
+never become tiles, held ones are further outputs of the task; results are CPU's."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import assert_close
 
 import torch_nntile
+from torch_nntile.session import SESSION_STATE
 
 
 def _tasks() -> dict[str, int]:
@@ -36,8 +38,9 @@ def test_a_chain_is_one_task_per_tile():
     assert set(fused[0].split("+")) == {"mul", "add", "exp", "gt", "sub", "neg", "sigmoid", "where"}
 
 
-def test_held_and_shared_results_are_not_folded():
-    """A result some tensor holds, or that two ops read, is computed once as tiles."""
+def test_shared_results_are_not_folded_held_ones_are_kept():
+    """A result two ops read is computed once as tiles of its own; one a tensor holds
+    folds into its only reader, whose tasks then write it too."""
     x = torch.randn(8, 4)
     xn = _tiled(x, "rows_fh", 4)
     torch_nntile.reset_info()
@@ -48,8 +51,101 @@ def test_held_and_shared_results_are_not_folded():
     assert_close(b.cpu(), (x + 1) * (x + 1).exp())
     assert_close(held.cpu(), x * 3)
     tasks = _tasks()
-    assert tasks["mul"] == 2 and tasks["add"] == 2, tasks  # held, shared: their own tasks
-    assert tasks["add+relu"] == 2 and tasks["exp+mul"] == 2, tasks
+    assert tasks == {"add": 2, "mul+add+relu": 2, "exp+mul": 2, "readout": 3}, tasks
+
+
+@pytest.mark.parametrize("native", [True, False])  # the C program; the Python kernel
+@pytest.mark.parametrize("tiles", [None, [3, 5, 2]])  # untiled; uneven row tiles
+def test_held_intermediates_are_further_outputs(monkeypatch, native, tiles):
+    """In-place updates of held tensors feeding one last op (an optimizer's running
+    averages and its parameter) run as one task per tile that writes every held value."""
+    monkeypatch.setattr(SESSION_STATE.runtime(), "native_ew", native)
+    torch.manual_seed(3)
+    p, g, m, v = (torch.randn(10, 6) for _ in range(4))
+    v = v.abs()
+    devs = [t.to("nntile") for t in (p, g, m, v)]
+    if tiles is not None:
+        for d in devs:
+            torch_nntile.set_axis_group_name(d, {0: "rows_fk"})
+        torch_nntile.set_axis_group_tiling("rows_fk", tiles)
+    torch_nntile.execute()
+    torch_nntile.wait()
+
+    def update(p, g, m, v):
+        m.lerp_(g, 0.1)
+        v.mul_(0.99).addcmul_(g, g, value=0.01)
+        p.addcdiv_(m, v.sqrt().add_(1e-8), value=-0.5)
+
+    torch_nntile.reset_info()
+    update(*devs)
+    update(p, g, m, v)
+    for got, want in zip(devs, (p, g, m, v)):
+        assert_close(got.cpu(), want)
+    tasks = _tasks()
+    fused = [k for k in tasks if "lerp" in k]
+    assert len(fused) == 1 and "addcdiv" in fused[0], tasks
+    assert tasks[fused[0]] == (1 if tiles is None else 3), tasks  # one task per tile writes p, m and v
+    assert set(tasks) == {fused[0], "readout"}, tasks
+
+
+def test_held_results_of_other_dtypes_keep_their_own_tasks():
+    """Only float32 groups keep held results as further outputs (they run as C
+    programs); others compute a held result as tiles of its own, as before."""
+    x = torch.randn(6, 4, dtype=torch.float64)
+    xn = x.to("nntile")
+    torch_nntile.execute()
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    held = xn * 3
+    out = held.exp()
+    assert_close(out.cpu(), (x * 3).exp())
+    assert_close(held.cpu(), x * 3)
+    assert _tasks() == {"mul": 1, "exp": 1, "readout": 2}
+
+
+@pytest.mark.parametrize("shape", [(), (0, 4), (5,), (3, 1, 40)])
+def test_held_intermediates_of_zero_dim_and_empty_values(shape):
+    x = torch.randn(shape)
+    xn = x.to("nntile")
+    torch_nntile.execute()
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    half = xn * 0.5
+    out = half.exp() * 2
+    assert_close(out.cpu(), (x * 0.5).exp() * 2)
+    assert_close(half.cpu(), x * 0.5)
+    assert half.shape == x.shape and out.shape == x.shape
+    assert _tasks() == {"mul+exp+mul": 1, "readout": 2}
+
+
+def test_foreach_adamw_is_one_task_per_parameter():
+    """``torch.optim.AdamW`` (foreach, the default here) updates each parameter, its
+    average and its square average in one task: as with ``fused=True``."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    ref.load_state_dict(model.state_dict())
+    model = model.to("nntile")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.1)
+    x = torch.randn(7, 6)
+    for step in range(3):
+        for m, inp, o in ((model, x.to("nntile"), opt), (ref, x, ref_opt)):
+            m(inp).square().mean().backward()
+            if step == 2 and m is model:
+                torch_nntile.wait()
+                torch_nntile.reset_info()
+            o.step()
+            o.zero_grad(set_to_none=True)
+    torch_nntile.execute()
+    tasks = _tasks()
+    updates = {k: v for k, v in tasks.items() if "addcdiv" in k}
+    assert sum(updates.values()) == 4 and all("lerp" in k for k in updates), tasks  # 4 parameters
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert_close(p.detach().cpu(), q.detach(), rtol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert_close(opt.state[p][key].cpu(), ref_opt.state[q][key], rtol=1e-5)
 
 
 def test_fused_gradients_and_optimizer_step_match_cpu():

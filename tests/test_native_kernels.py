@@ -110,6 +110,33 @@ def test_adamw_style_chain_runs_as_one_c_task_per_tile():
     assert all(native.record(k, specs) is not None for k, specs in elementwise)
 
 
+@pytest.mark.parametrize("tiles", [None, [20, 30]])
+def test_in_place_updates_of_held_values_run_as_one_c_task_per_tile(tiles):
+    """The running averages are held tensors updated in place: the fused task writes
+    them as further outputs (STORE steps), in C."""
+    torch.manual_seed(2)
+    p, g, m, v = (torch.randn(50, 8) for _ in range(4))
+    v = v.abs()
+    devs = [_dev(t, tiles) for t in (p, g, m, v)]
+
+    def update(p, g, m, v):
+        m.lerp_(g, 0.1)
+        v.mul_(0.999).addcmul_(g, g, value=0.001)
+        p.mul_(1 - 1e-3 * 0.01).addcdiv_(m, v.sqrt().div_(0.97).add_(1e-8), value=-1e-3 / 0.9)
+
+    update(*devs)
+    update(p, g, m, v)
+    tasks = [(k, specs) for k, specs, name in _lowered() if name not in ("ingress", "readout")]
+    assert len(tasks) == (1 if tiles is None else 2)
+    for k, specs in tasks:
+        ints, _ = native.record(k, specs)
+        nbuf, nd = ints[1], ints[2]
+        at = 3 + nd + nbuf * nd + nbuf  # the buffers' kinds (csrc/ew.h's layout, after the record's kind)
+        assert ints[at:at + nbuf] == [native.EW_F32] + [native.EW_OUT] * 2 + [native.EW_F32] * 4  # p; m, v; p g m v
+    for got, want in zip(devs, (p, g, m, v)):
+        _same_bits(got.cpu(), want)
+
+
 def test_what_stays_python():
     def kernel_of(fn, *args):
         held = fn(*(_dev(a) for a in args))  # noqa: F841 - a value nothing holds is not computed

@@ -85,18 +85,18 @@ def _edges(g: pydot.Dot) -> list[tuple[str, str]]:
 def test_info_keys_and_reset_zeroes_everything_but_live_tiles():
     _x, xn = _tiled()
     torch_nntile.reset_info()
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     y.cpu()
     d = torch_nntile.info()
     assert set(d) == INFO_KEYS
     assert set(d["phases"]) == PHASES
     assert all(set(v) == {"calls", "seconds"} for v in d["phases"].values())
-    assert d["tasks_submitted"] == 9 and d["bytes_out"] == 128  # mul and relu: 4 tiles each; one readout task
+    assert d["tasks_submitted"] == 5 and d["bytes_out"] == 128  # mul+relu: 4 tiles; one readout task
     assert d["dry_run"] is None
 
     live = d["tiles_live"]
-    assert live >= 8  # xn and y, 4 tiles each
+    assert live >= 12  # xn, m and y, 4 tiles each
     torch_nntile.reset_info()
     d = torch_nntile.info()
     for p, v in d["phases"].items():
@@ -112,7 +112,7 @@ def test_info_keys_and_reset_zeroes_everything_but_live_tiles():
 def test_phase_calls_follow_compile_run_wait():
     _x, xn = _tiled()
     torch_nntile.reset_info()
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
 
     def calls() -> dict[str, int]:
@@ -127,7 +127,7 @@ def test_phase_calls_follow_compile_run_wait():
     assert torch_nntile.info()["tasks_submitted"] == 0  # compiled, not submitted
     torch_nntile.run()
     assert calls()["run"] == 1 and calls()["wait"] == 0
-    assert torch_nntile.info()["tasks_submitted"] == 8
+    assert torch_nntile.info()["tasks_submitted"] == 4
     torch_nntile.wait()
     assert calls()["wait"] == 1
     d = torch_nntile.info()
@@ -144,7 +144,7 @@ def test_phase_times_are_exclusive():
     phases are not counted again under record, so the phase times add up to at most
     the wall time of the call."""
     _x, xn = _tiled(64, 32, 8)
-    m = xn * 2  # held, as above: one task per op
+    m = xn * 2  # held, as above
     r = m.relu()
     y = r.exp()
     torch_nntile.reset_info()
@@ -234,7 +234,7 @@ def test_tiles_live_and_peak():
 def test_metrics_ops_count_recorded_calls():
     _x, xn = _tiled()
     torch_nntile.reset_info()
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     assert torch_nntile.metrics()["ops"] == {"aten::mul.Tensor": 1, "aten::relu": 1}
     assert torch_nntile.metrics()["kernels"] == {}  # nothing ran yet
@@ -251,18 +251,18 @@ def test_metrics_ops_count_recorded_calls():
 def test_kernel_tasks_match_tasks_submitted():
     torch_nntile.reset_info()
     x, xn = _tiled(materialize=False)  # ingress pending: 4 tasks
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     assert_close(y.cpu(), (x * 2).relu())
     d, m = torch_nntile.info(), torch_nntile.metrics()
-    assert {k: v["tasks"] for k, v in m["kernels"].items()} == {"ingress": 4, "mul": 4, "relu": 4, "readout": 1}
-    assert d["tasks_submitted"] == 13 == sum(v["tasks"] for v in m["kernels"].values())
+    assert {k: v["tasks"] for k, v in m["kernels"].items()} == {"ingress": 4, "mul+relu": 4, "readout": 1}
+    assert d["tasks_submitted"] == 9 == sum(v["tasks"] for v in m["kernels"].values())
     assert all(v["seconds"] > 0 for v in m["kernels"].values())
     lines = torch_nntile.metrics_report().splitlines()
     assert lines[0].split() == ["ATen", "op", "calls"]
     head = next(i for i, ln in enumerate(lines) if ln.startswith("tile kernel"))
     rows = [ln.split() for ln in lines[head + 1:]]
-    assert sorted(r[0] for r in rows) == ["ingress", "mul", "readout", "relu"]
+    assert sorted(r[0] for r in rows) == ["ingress", "mul+relu", "readout"]
     assert all(r[1] == ("1" if r[0] == "readout" else "4") for r in rows)
     shares = [float(r[-1].rstrip("%")) for r in rows]
     assert abs(sum(shares) - 100) < 0.5
@@ -328,7 +328,7 @@ def test_pending_op_names_and_data_sizes():
     torch_nntile.reset_info()
     x = torch.randn(8, 4)
     xn = x.to("nntile")
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     m = xn > 0
     assert torch_nntile.pending_op_names() == ["ingress", "mul", "relu", "gt"]
@@ -366,7 +366,7 @@ def test_long_recordings_are_submitted_as_they_grow():
 
 def test_dump_graph_tensor_level(tmp_path):
     _x, xn = _tiled()
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     path = tmp_path / "g.dot"
     torch_nntile.dump_graph(path)
@@ -394,7 +394,7 @@ def test_dump_graph_tensor_level(tmp_path):
 
 def test_dump_graph_tile_level(tmp_path):
     _x, xn = _tiled()
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     before = torch_nntile.info()
     path = tmp_path / "t.dot"
@@ -522,7 +522,7 @@ def test_dump_graph_env_var_writes_a_file_per_compile(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_NNTILE_DUMP_GRAPH", str(folder))
     _x, xn = _tiled()  # flushed once with the env var set: the ingress
     assert len(list(folder.iterdir())) == 1
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     torch_nntile.compile_graph()
     files = sorted(folder.iterdir())
@@ -571,16 +571,16 @@ def test_trace_records_every_task_once(tmp_path):
     torch_nntile.reset_info()
     path = tmp_path / "trace.json"
     with torch_nntile.trace(path):
-        m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+        m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
         y = m.relu()
         assert_close(y.cpu(), (x * 2).relu())
     tasks, phases = _check_trace(path)
-    assert len(tasks) == torch_nntile.info()["tasks_submitted"] == 13
-    assert sorted(e["name"] for e in tasks) == sorted(["ingress", "mul", "relu"] * 4 + ["readout"])
+    assert len(tasks) == torch_nntile.info()["tasks_submitted"] == 9
+    assert sorted(e["name"] for e in tasks) == sorted(["ingress", "mul+relu"] * 4 + ["readout"])
     # ts and dur are microseconds of the same clock as the kernel and phase statistics
     # (equal but for the rounding of seconds-since-boot doubles: 1 ns allowed)
     m = torch_nntile.metrics()["kernels"]
-    for name in ("ingress", "mul", "relu", "readout"):
+    for name in ("ingress", "mul+relu", "readout"):
         dur = sum(e["dur"] for e in tasks if e["name"] == name)
         assert dur == pytest.approx(m[name]["seconds"] * 1e6, rel=1e-6, abs=1e-3)
     names = [e["name"] for e in phases]
@@ -692,7 +692,7 @@ def _check_progress(calls: list[tuple[int, int]], total: int) -> None:
 
 def test_progress_run_then_wait():
     _x, xn = _tiled(64, 4, 2)  # 32 tiles
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     torch_nntile.compile_graph()
     calls, cb = _recorder()
@@ -701,7 +701,7 @@ def test_progress_run_then_wait():
     assert calls == []  # reported by wait()
     torch_nntile.wait()
     total = torch_nntile.info()["tasks_submitted"] - before
-    assert total == 64
+    assert total == 32
     _check_progress(calls, total)
     n = len(calls)
     torch_nntile.execute()
@@ -732,14 +732,14 @@ def test_progress_wait_argument_and_readout():
 
 def test_progress_bar_on_stderr(capsys):
     _x, xn = _tiled()
-    m = xn * 2  # held: an intermediate nothing holds is fused into its reader's task
+    m = xn * 2  # held: written by its reader's tasks too (one task per tile for both ops)
     y = m.relu()
     torch_nntile.compile_graph()
     torch_nntile.run(progress=True)
     torch_nntile.wait()
     err = capsys.readouterr().err
     assert err.startswith("\rtorch_nntile [")
-    assert err.endswith(f"[{'#' * 30}] 8/8 tasks\n")
+    assert err.endswith(f"[{'#' * 30}] 4/4 tasks\n")
     assert err.count("\n") == 1
     del y
 
@@ -755,7 +755,7 @@ x = torch.arange(32, dtype=torch.float32).reshape(8, 4) + 1
 xn = x.to("nntile")
 torch_nntile.set_axis_group_name(xn, {0: "rows"})
 torch_nntile.set_axis_group_tiling("rows", 2)
-m = xn * 2  # held: one task per op
+m = xn * 2  # held: written by the fused task too
 y = m.relu()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -808,13 +808,13 @@ def test_dry_run_switch(switch):
     assert res["report"].splitlines()[0] == f"!! {switch} is set: kernel times are not real"
     assert res["kernel_error"] is None  # the failing kernel never ran
     if switch == "TORCH_NNTILE_SKIP_STARPU":  # recorded and compiled, nothing submitted
-        assert d["tasks_submitted"] == 0 and d["tasks_skipped"] == 12  # ingress, mul, relu: 4 each
+        assert d["tasks_submitted"] == 0 and d["tasks_skipped"] == 8  # ingress, mul+relu: 4 each
         assert res["kernels"] == {}
-        assert "tasks submitted: 0 (12 not submitted: dry run)" in lines
+        assert "tasks submitted: 0 (8 not submitted: dry run)" in lines
     else:  # submitted, kernels skipped (readout submits nothing: there is nothing to read)
-        assert d["tasks_submitted"] == 12 and d["tasks_skipped"] == 0
-        assert res["kernels"] == {"ingress": 4, "mul": 4, "relu": 4}
-        assert "tasks submitted: 12" in lines
+        assert d["tasks_submitted"] == 8 and d["tasks_skipped"] == 0
+        assert res["kernels"] == {"ingress": 4, "mul+relu": 4}
+        assert "tasks submitted: 8" in lines
 
 
 def test_dry_run_warning_points_at_user_code():

@@ -75,6 +75,33 @@ def test_training_reuses_steps_and_matches_cpu(steps, tiles):
         assert_close(p.detach().cpu(), q.detach(), rtol=1e-5)
 
 
+def test_updates_writing_held_averages_are_reused(steps):
+    """Foreach AdamW's update is one fused op per group writing the parameters and both
+    running averages (held results kept as further outputs): reused from the fourth
+    step on, as any compile (the first makes the state, the third the template)."""
+    cpu = model(3)
+    dev = copy.deepcopy(cpu).to("nntile")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (cpu, dev)]
+    g = torch.Generator().manual_seed(9)
+    for i in range(6):
+        for p, q in zip(cpu.parameters(), dev.parameters()):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.to("nntile")
+        torch_nntile.execute()  # the gradients' copies: compiles of their own
+        torch_nntile.wait()
+        if i == 3:
+            torch_nntile.reset_info()
+        for opt in opts:
+            opt.step()
+        torch_nntile.execute()
+    reused, lowered = counts()
+    assert reused == 5 and lowered == 0, (reused, lowered)  # three updates, the later two steps' copies
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        assert_close(p.detach().cpu(), q.detach(), rtol=1e-5)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert_close(opts[1].state[p][key].cpu(), opts[0].state[q][key], rtol=1e-5)
+
+
 @pytest.mark.parametrize("tiles", [None, [4, 5]], ids=["untiled", "uneven"])
 def test_reused_steps_give_the_numbers_of_lowered_ones(steps, tiles):
     x, y = data()

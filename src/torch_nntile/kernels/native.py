@@ -23,9 +23,9 @@ import torch
 # opcodes of csrc/ew.h, in its order
 (COPY, ADD, SUB, MUL, DIV, ADD_SCALED, SUB_SCALED, ADDCMUL, ADDCDIV, LERP, NEG, ABS, SQRT, RSQRT, RECIPROCAL,
  EXP, LOG, TANH, SIGMOID, POW, TANH_BACKWARD, SIGMOID_BACKWARD, THRESHOLD_BACKWARD, CLAMP_MIN, CLAMP_MAX,
- MAXIMUM, MINIMUM, GELU, GELU_TANH, SILU, WHERE) = range(31)
+ MAXIMUM, MINIMUM, GELU, GELU_TANH, SILU, WHERE, STORE) = range(32)
 CONST, TEMP, MAX_STEPS, MAX_BUFFERS = 64, 128, 48, 64
-EW_F32, EW_BOOL = 0, 1  # element types of a program's buffers (csrc/ew.h)
+EW_F32, EW_BOOL, EW_OUT = 0, 1, 2  # kinds of a program's buffers (csrc/ew.h): read as float32 or bool, written
 
 
 class Unsupported(Exception):
@@ -381,8 +381,9 @@ def _layout(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[torch.dtype, ...]
     for strides, _ in reads:
         ints += strides
     ints += [offset for _, offset in reads]
-    ints += [EW_BOOL if d is torch.bool else EW_F32 for d in dtypes]
     steps, consts = prog
+    stored = {steps[i + 2] for i in range(0, len(steps), 5) if steps[i] == STORE}  # further results' buffers
+    ints += [EW_OUT if b in stored else EW_BOOL if d is torch.bool else EW_F32 for b, d in enumerate(dtypes)]
     ints.append(len(steps) // 5)
     ints += steps
     return ints, consts

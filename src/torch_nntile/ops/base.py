@@ -118,26 +118,32 @@ def input_index(inp: TileArray, out_idx: tuple[int, ...], out_ndim: int) -> tupl
 # -- elementwise family: one op, the kernel is data ---------------------------
 
 
-def elements(node: OpNode) -> list[tuple[tuple[DataNode, ...], DataNode]]:
-    """Per result of an elementwise op, its inputs: one for a map, one per list element
-    for a ``foreach`` op (each element reads equally many inputs)."""
+def elements(node: OpNode) -> list[tuple[tuple[DataNode, ...], tuple[DataNode, ...]]]:
+    """Per element of an elementwise op (one for a map, one per list element for a
+    ``foreach`` op), its inputs and its results: each element reads equally many
+    inputs and writes ``attrs[2]`` results of one shape (one unless given: a fused
+    chain that also keeps intermediate values, ``ops.fusion``)."""
+    nres = node.attrs[2] if len(node.attrs) > 2 else 1
     outs = node.outputs
-    k = len(node.inputs) // len(outs)
-    return [(node.inputs[e * k:(e + 1) * k], out) for e, out in enumerate(outs)]
+    n = len(outs) // nres
+    k = len(node.inputs) // n
+    return [(node.inputs[e * k:(e + 1) * k], outs[e * nres:(e + 1) * nres]) for e in range(n)]
 
 
 def _lower_map(ctx: Lowering, node: OpNode) -> None:
-    """``fn(out_tile, *input_tiles)`` per output tile of each result."""
-    fn, name = node.attrs
-    for inputs, out_node in elements(node):
+    """``fn(out_tile, *more_out_tiles, *input_tiles)`` per output tile of each element,
+    its further results (if any) tiled as its first."""
+    fn, name = node.attrs[0], node.attrs[1]
+    for inputs, results in elements(node):
         ins = [ctx.input(n) for n in inputs]
-        out = ctx.output(out_node)
-        if len(out.handles) == 1 and all(len(a.handles) == 1 for a in ins):  # untiled: one task, no index work
-            ctx.task_on_first_tiles(fn, out, ins, name)
+        out = ctx.output(results[0])
+        more = [ctx.output(n, out.tiling) for n in results[1:]]
+        if not more and len(out.handles) == 1 and all(len(a.handles) == 1 for a in ins):
+            ctx.task_on_first_tiles(fn, out, ins, name)  # untiled: one task, no index work
             continue
         nd = len(out.shape)
         for idx in out.indices():
-            args = [Arg(out, idx, W)] + [Arg(a, input_index(a, idx, nd), R) for a in ins]
+            args = [Arg(o, idx, W) for o in (out, *more)] + [Arg(a, input_index(a, idx, nd), R) for a in ins]
             ctx.task(fn, args, name)
 
 

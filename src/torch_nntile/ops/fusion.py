@@ -6,11 +6,17 @@ into that reader: the group runs as one task per output tile, the intermediate
 results as temporaries inside the kernel, never registered as tiles. An optimizer's
 per-parameter update (AdamW: a dozen ops per parameter) becomes a few tasks.
 
+A producer whose result is also held outside (a tensor updated in place, such as an
+optimizer's running average) folds into its reader the same way, when that reader is
+the only op that reads it: the group then writes that result too, as a further output
+of its task (one more pass over memory instead of a whole task and its reads).
+
 ``foreach`` ops (one op over the elements of tensor lists) fold the same way, element
 by element: a producer whose every result only the same element of one later foreach op
 reads folds into it, when all elements then run one program (they do unless their
-inputs alias differently). ``torch.optim``'s foreach AdamW becomes three such ops per
-group of alike parameters.
+inputs alias differently). ``torch.optim``'s foreach AdamW becomes one such op per
+group of alike parameters: one task per parameter tile writes the parameter and both
+running averages.
 """
 
 from __future__ import annotations
@@ -26,25 +32,34 @@ from torch_nntile.ops.base import FOREACH, MAP, Op, _lower_map, elements
 Step = tuple[Kernel, tuple[int, ...], torch.dtype]  # kernel, operands (>= 0: input tile, < 0: step ~k), dtype
 
 
-def fused_tile(program: tuple[Step, ...], o: torch.Tensor, *tiles: torch.Tensor) -> None:
-    """Run the steps in order; each writes a temporary of the output tile's shape,
-    the last writes the output tile."""
+def fused_tile(program: tuple[Step, ...], stores: tuple[int, ...], o: torch.Tensor, *tiles: torch.Tensor) -> None:
+    """Run the steps in order; the last writes the output tile ``o``, step ``stores[i]``
+    the further output tile ``tiles[i]``, the others temporaries of ``o``'s shape. The
+    input tiles follow the further outputs."""
     done: list[torch.Tensor] = []
     last = len(program) - 1
+    into = dict(zip(stores, tiles))
+    ins = tiles[len(stores):]
     for j, (kernel, refs, dtype) in enumerate(program):
-        out = o if j == last else torch.empty(o.shape, dtype=dtype)
-        kernel(out, *[tiles[r] if r >= 0 else done[~r] for r in refs])
+        out = o if j == last else into.get(j)
+        if out is None:
+            out = torch.empty(o.shape, dtype=dtype)
+        kernel(out, *[ins[r] if r >= 0 else done[~r] for r in refs])
         done.append(out)
 
 
 def _fused_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
-    (program,) = params
+    program, stores = params
+    into = dict(zip(stores, refs))
+    ins = refs[len(stores):]
     done: list[native.Ref] = []
-    for kernel, operands, dtype in program:
+    for j, (kernel, operands, dtype) in enumerate(program):
         tr = native.TRANSLATORS.get(kernel.fn)
         if tr is None or dtype is not torch.float32:
             raise native.Unsupported
-        done.append(tr(p, kernel.params, [refs[r] if r >= 0 else done[~r] for r in operands]))
+        done.append(tr(p, kernel.params, [ins[r] if r >= 0 else done[~r] for r in operands]))
+        if j in into:
+            p.emit(native.STORE, done[-1], into[j])
     return done[-1]
 
 
@@ -52,7 +67,8 @@ native.TRANSLATORS[fused_tile] = _fused_program
 
 
 FUSED = Op("fused", _lower_map, lambda node: node.attrs[1], binds_kernel=True)
-"""Lowered like an elementwise op: ``attrs = (Kernel(fused_tile, program), name)``."""
+"""Lowered like an elementwise op: ``attrs = (Kernel(fused_tile, program, stores), name,
+results per element)``."""
 
 
 def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
@@ -64,20 +80,26 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
         for key in map(id, op.inputs):  # ids only: a local holding a node would count as a reference
             uses[key] = uses.get(key, 0) + 1
             reader[key] = op
-    # a producer folds into its only reader when nothing outside these ops holds its result
+    # a producer folds into its only reader; where something outside these ops also
+    # holds its result, the group keeps that result as a further output
     producers: dict[OpNode, list[OpNode]] = {}
     folded: set[OpNode] = set()
+    kept: set[OpNode] = set()
     for op in ops:
         kind = op.opdef
         if kind is not MAP and kind is not FOREACH:
             continue
-        refs = outside_refs(op)
         r = reader.get(id(op.outputs[0]))
-        if r is None or r.opdef is not kind or len(r.outputs) != len(refs):
+        if r is None or r.opdef is not kind or len(r.outputs) != len(op.outputs):
             continue
-        if not all(reader.get(id(o)) is r and o.shape == ro.shape and uses[id(o)] == c == sum(1 for n in ins if n is o)
-                   for o, (ins, ro), c in zip(op.outputs, elements(r), refs)):
+        reads = [sum(1 for n in ins if n is o) for o, (ins, _) in zip(op.outputs, elements(r))]
+        if not all(reader.get(id(o)) is r and o.shape == res[0].shape and uses[id(o)] == c
+                   for o, (_, res), c in zip(op.outputs, elements(r), reads)):
             continue  # r is not the only reader of each result (of that result's element)
+        if any(held > c for held, c in zip(outside_refs(op), reads)):
+            if op.outputs[0].dtype is not torch.float32 or r.outputs[0].dtype is not torch.float32:
+                continue  # as a further output only where the group can run as a C program
+            kept.add(op)
         producers.setdefault(r, []).append(op)
         folded.add(op)
     if not folded:
@@ -96,7 +118,7 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
                 group.append(p)
                 stack.append(p)
         group.sort(key=index.__getitem__)  # record order: every producer before its reader
-        fused = _fused(group)
+        fused = _fused(group, kept)
         if fused is None:  # elements that would need programs of their own: left as they are
             out.extend(group)
         else:
@@ -126,27 +148,35 @@ def _program(steps: list[tuple[Kernel, tuple[DataNode, ...], DataNode]]) -> tupl
     return inputs, tuple(program)
 
 
-def _fused(order: list[OpNode]) -> OpNode | None:
-    """One op computing the last op's results from the group's outside inputs (None for
-    a foreach chain whose elements' programs differ)."""
+def _fused(order: list[OpNode], kept: set[OpNode]) -> OpNode | None:
+    """One op computing the last op's results, and those of the ops in ``kept``, from
+    the group's outside inputs (None for a foreach chain whose elements' programs
+    differ)."""
     last = order[-1]
     name = "+".join(o.attrs[1] for o in order)
     per_op = [elements(o) for o in order]
+    stores = tuple(j for j, o in enumerate(order) if o in kept)
     flat: list[DataNode] = []
+    outs: list[DataNode] = []
     program = None
     for e in range(len(last.outputs)):
-        ins, prog = _program([(o.attrs[0], *els[e]) for o, els in zip(order, per_op)])
+        ins, prog = _program([(o.attrs[0], els[e][0], els[e][1][0]) for o, els in zip(order, per_op)])
         if program is None:
             program = prog
         elif prog != program:
             return None
         flat.extend(ins)
-    fused = OpNode(FUSED if last.opdef is MAP else FOREACH, tuple(flat), (Kernel(fused_tile, program), name))
-    fused.outputs = last.outputs
+        outs.append(last.outputs[e])
+        outs.extend(order[j].outputs[e] for j in stores)
+    attrs = (Kernel(fused_tile, program, stores), name) + ((1 + len(stores),) if stores else ())
+    fused = OpNode(FUSED if last.opdef is MAP else FOREACH, tuple(flat), attrs)
+    fused.outputs = tuple(outs)
     for n in fused.outputs:
         n.op = fused
     for o in order[:-1]:  # the folded ops: break their node <-> op cycles, which would keep inputs alive
-        for n in o.outputs:
-            n.op = None
-        o.inputs = o.outputs = ()
+        o.inputs = ()
+        if o not in kept:  # a kept op's outputs stay listed: reuse (tiling.reuse) finds its values by them
+            for n in o.outputs:
+                n.op = None
+            o.outputs = ()
     return fused

@@ -25,9 +25,18 @@ int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf)
     int at = 2 + nd + nb * nd + 2 * nb;
     if (nints < at + 1 || prog[at - 2 * nb] != 0 || prog[at - nb] != TNT_EW_F32)  /* the output: its tile, float32 */
         return -1;
-    for (int b = 1; b < nb; b++)
-        if (prog[at - nb + b] != TNT_EW_F32 && prog[at - nb + b] != TNT_EW_BOOL)
+    const int32_t *types = prog + at - nb;
+    for (int b = 1; b < nb; b++) {
+        if (types[b] == TNT_EW_OUT) {  /* written as the output is: its strides, at its start */
+            if (prog[at - 2 * nb + b] != 0)
+                return -1;
+            for (int d = 0; d < nd; d++)
+                if (prog[2 + nd + b * nd + d] != prog[2 + nd + d])
+                    return -1;
+        } else if (types[b] != TNT_EW_F32 && types[b] != TNT_EW_BOOL) {
             return -1;
+        }
+    }
     int ns = prog[at];
     if (ns < 1 || ns > TNT_EW_MAXSTEPS || nints != at + 1 + 5 * ns)
         return -1;
@@ -38,8 +47,10 @@ int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf)
         want *= prog[2 + d];
     }
     const int32_t *st = prog + at + 1;
+    int stored[TNT_EW_CONST] = {0};
     for (int s = 0; s < ns; s++) {
-        if (st[5 * s] < 0 || st[5 * s] >= TNT_EW_NOPS)
+        int op = st[5 * s];
+        if (op < 0 || op >= TNT_EW_NOPS)
             return -1;
         for (int k = 1; k < 5; k++) {
             int r = st[5 * s + k];
@@ -48,8 +59,18 @@ int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf)
             if (r < TNT_EW_CONST ? r >= nb
                 : r < TNT_EW_TEMP ? r - TNT_EW_CONST >= nconst : r - TNT_EW_TEMP >= s)
                 return -1;
+            int dest = op == TNT_EW_STORE && k == 2;
+            if (r < TNT_EW_CONST && r > 0 && (types[r] == TNT_EW_OUT) != dest)
+                return -1;  /* a written buffer is never read, and only written buffers are stored to */
+            if (dest)
+                stored[r]++;
         }
+        if (op == TNT_EW_STORE && (s == ns - 1 || st[5 * s + 1] < 0 || st[5 * s + 2] < 1 || st[5 * s + 2] >= nb))
+            return -1;  /* the last step writes the output */
     }
+    for (int b = 1; b < nb; b++)
+        if ((types[b] == TNT_EW_OUT) != (stored[b] == 1))
+            return -1;  /* every written buffer gets its value once */
     return 0;
 }
 
@@ -124,6 +145,7 @@ static void step(int op, int n, float *restrict o, const float *a, const float *
     case TNT_EW_GELU_TANH: for (i = 0; i < n; i++) o[i] = gelu_tanh(a[i]); break;
     case TNT_EW_SILU: for (i = 0; i < n; i++) o[i] = a[i] / (1.0f + fexp(-a[i])); break;
     case TNT_EW_WHERE: for (i = 0; i < n; i++) o[i] = a[i] != 0.0f ? b[i] : c[i]; break;
+    case TNT_EW_STORE: memmove((float *)b, a, n * sizeof(float)); break;
     default: break;
     }
 }
@@ -154,18 +176,39 @@ static inline void copy_row(float *q, const char *p, int type, int64_t n, int64_
 }
 
 /* The steps over n values: operands src (index < TNT_EW_CONST), constants cval, the
-   last step writing out. */
+   last step writing out. A step with a buffer in into[s] (> 0) writes its values
+   there, as its TNT_EW_STORE would copy them; such a store (into -1) is skipped. */
 static void run_steps(const int32_t *steps, int ns, int n, float *out, const float *const *src,
-                      float (*cval)[BLOCK])
+                      float (*cval)[BLOCK], const int8_t *into)
 {
+    const float *at[TNT_EW_MAXSTEPS];  /* where each step's values are */
     for (int s = 0; s < ns; s++) {
+        if (into[s] < 0)
+            continue;
         const float *ops[4];
         for (int k = 0; k < 4; k++) {
             int r = steps[5 * s + 1 + k];
             ops[k] = r < 0 ? NULL : r < TNT_EW_CONST ? src[r]
-                   : r < TNT_EW_TEMP ? cval[r - TNT_EW_CONST] : temp[r - TNT_EW_TEMP];
+                   : r < TNT_EW_TEMP ? cval[r - TNT_EW_CONST] : at[r - TNT_EW_TEMP];
         }
-        step(steps[5 * s], n, s == ns - 1 ? out : temp[s], ops[0], ops[1], ops[2], ops[3]);
+        float *o = s == ns - 1 ? out : into[s] > 0 ? (float *)src[into[s]] : temp[s];
+        step(steps[5 * s], n, o, ops[0], ops[1], ops[2], ops[3]);
+        at[s] = o;
+    }
+}
+
+/* into[] of run_steps: a step whose values one TNT_EW_STORE copies to a buffer writes
+   them there itself (a pass over a block less per further result). */
+static void plan_stores(const int32_t *steps, int ns, int8_t *into)
+{
+    for (int k = 0; k < ns; k++)
+        into[k] = 0;
+    for (int k = 0; k < ns; k++) {
+        int a = steps[5 * k + 1] - TNT_EW_TEMP;
+        if (steps[5 * k] != TNT_EW_STORE || a < 0 || steps[5 * a] == TNT_EW_STORE || into[a] != 0)
+            continue;  /* a buffer's or constant's values, or a step's stored twice: copied */
+        into[a] = (int8_t)steps[5 * k + 2];
+        into[k] = -1;
     }
 }
 
@@ -174,7 +217,7 @@ static void run_steps(const int32_t *steps, int ns, int n, float *out, const flo
    contiguous, so its rows lie one after another. */
 static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM],
                            const int32_t *offsets, const int32_t *types, const int32_t *steps, int ns,
-                           float (*cval)[BLOCK], void *const *bufs, int64_t outer)
+                           float (*cval)[BLOCK], const int8_t *into, void *const *bufs, int64_t outer)
 {
     int64_t inner = shape[nd - 1];
     int64_t rows = BLOCK / inner;
@@ -185,14 +228,16 @@ static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[
         float *out = (float *)bufs[0] + o0 * inner;
         for (int64_t k = 0; k < r; k++) {
             for (int b = 1; b < nb; b++)
-                copy_row(gathered[b] + k * inner, elem(bufs[b], types[b], tnt_offset_of(offsets[b], idx, str[b], nd - 1)),
-                         types[b], inner, str[b][nd - 1]);
+                if (types[b] != TNT_EW_OUT)  /* written in place */
+                    copy_row(gathered[b] + k * inner,
+                             elem(bufs[b], types[b], tnt_offset_of(offsets[b], idx, str[b], nd - 1)),
+                             types[b], inner, str[b][nd - 1]);
             tnt_next_index(idx, shape, nd - 1);
         }
         src[0] = out;
         for (int b = 1; b < nb; b++)
-            src[b] = gathered[b];
-        run_steps(steps, ns, (int)(r * inner), out, src, cval);
+            src[b] = types[b] == TNT_EW_OUT ? (float *)bufs[b] + o0 * inner : gathered[b];
+        run_steps(steps, ns, (int)(r * inner), out, src, cval, into);
     }
 }
 
@@ -231,9 +276,11 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
         for (int i = 0; i < BLOCK; i++)
             cval[c][i] = v;
     }
+    int8_t into[TNT_EW_MAXSTEPS];
+    plan_stores(steps, ns, into);
     int64_t inner = shape[nd - 1], outer = total / inner;
     if (inner < BLOCK / 2 && outer > 1) {
-        run_short_rows(nb, nd, shape, str, offsets, types, steps, ns, cval, bufs, outer);
+        run_short_rows(nb, nd, shape, str, offsets, types, steps, ns, cval, into, bufs, outer);
         return;
     }
     int64_t idx[TNT_EW_MAXDIM] = {0};
@@ -247,7 +294,9 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
             for (int b = 1; b < nb; b++) {
                 int64_t s = str[b][nd - 1];
                 const char *p = elem(bufs[b], types[b], off[b] + j0 * s);
-                if (s == 1 && types[b] == TNT_EW_F32) {
+                if (types[b] == TNT_EW_OUT) {  /* laid out as the output: written in place */
+                    src[b] = (const float *)bufs[b] + off[b] + j0;
+                } else if (s == 1 && types[b] == TNT_EW_F32) {
                     src[b] = (const float *)p;
                 } else {
                     copy_row(gathered[b], p, types[b], n, s);
@@ -256,7 +305,7 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
             }
             float *out = (float *)bufs[0] + off[0] + j0;
             src[0] = out;
-            run_steps(steps, ns, n, out, src, cval);
+            run_steps(steps, ns, n, out, src, cval, into);
         }
         tnt_next_index(idx, shape, nd - 1);
     }

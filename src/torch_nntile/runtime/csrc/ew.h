@@ -10,7 +10,9 @@
 
    where buffer 0 is the output (contiguous, float32), strides and offsets are in
    elements (a stride is 0 along a broadcast dim; views such as permutations are
-   strides), types are TNT_EW_F32 or TNT_EW_BOOL, and
+   strides), types are TNT_EW_F32 or TNT_EW_BOOL for tiles read, TNT_EW_OUT for
+   further tiles written (laid out as the output: a program with several results,
+   each written by a TNT_EW_STORE step), and
    each step is (opcode, a, b, c, d) with operand references below TNT_EW_CONST
    naming buffers (0: the output's current value, for read-write tasks), below
    TNT_EW_TEMP constants, and from TNT_EW_TEMP on the results of earlier steps. The opcodes and operand order are
@@ -25,7 +27,7 @@
 #define TNT_EW_MAXDIM 16
 #define TNT_EW_MAXSTEPS 48
 
-enum { TNT_EW_F32 = 0, TNT_EW_BOOL = 1 };  /* element types of a program's buffers */
+enum { TNT_EW_F32 = 0, TNT_EW_BOOL = 1, TNT_EW_OUT = 2 };  /* kinds of a program's buffers */
 
 enum tnt_ew_op {
     TNT_EW_COPY = 0, TNT_EW_ADD, TNT_EW_SUB, TNT_EW_MUL, TNT_EW_DIV,
@@ -48,6 +50,7 @@ enum tnt_ew_op {
     TNT_EW_GELU_TANH,
     TNT_EW_SILU,
     TNT_EW_WHERE,        /* a != 0 ? b : c (a: a bool tile) */
+    TNT_EW_STORE,        /* a written to buffer b (a TNT_EW_OUT buffer); its own result unused */
     TNT_EW_NOPS
 };
 
