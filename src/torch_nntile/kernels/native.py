@@ -23,7 +23,7 @@ import torch
 # opcodes of csrc/ew.h, in its order
 (COPY, ADD, SUB, MUL, DIV, ADD_SCALED, SUB_SCALED, ADDCMUL, ADDCDIV, LERP, NEG, ABS, SQRT, RSQRT, RECIPROCAL,
  EXP, LOG, TANH, SIGMOID, POW, TANH_BACKWARD, SIGMOID_BACKWARD, THRESHOLD_BACKWARD, CLAMP_MIN, CLAMP_MAX,
- MAXIMUM, MINIMUM, GELU, GELU_TANH, SILU, WHERE, STORE) = range(32)
+ MAXIMUM, MINIMUM, GELU, GELU_TANH, SILU, WHERE, SIN, COS, GELU_BACKWARD, GELU_TANH_BACKWARD, STORE) = range(36)
 CONST, TEMP, MAX_STEPS, MAX_BUFFERS = 64, 128, 48, 64
 EW_F32, EW_BOOL, EW_OUT = 0, 1, 2  # kinds of a program's buffers (csrc/ew.h): read as float32 or bool, written
 
@@ -217,7 +217,15 @@ def _gelu(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
     return p.emit(GELU, args[0], *gelu_specials())
 
 
-RULES[torch.ops.aten.gelu.out] = _gelu
+def _gelu_backward(p: Program, args: list[Any], kw: dict[str, Any]) -> Ref:
+    (approximate,) = _kw(kw, {"approximate": "none"})
+    if len(args) != 2 or approximate not in ("none", "tanh"):
+        raise Unsupported
+    return p.emit(GELU_TANH_BACKWARD if approximate == "tanh" else GELU_BACKWARD, *args)
+
+
+RULES.update({torch.ops.aten.gelu.out: _gelu, torch.ops.aten.gelu_backward.grad_input: _gelu_backward,
+              torch.ops.aten.sin.out: _unary(SIN), torch.ops.aten.cos.out: _unary(COS)})
 
 
 def apply_rule(p: Program, fn: Any, args: list[Any], kw: dict[str, Any]) -> Ref:

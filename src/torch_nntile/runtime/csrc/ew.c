@@ -92,6 +92,23 @@ static inline __attribute__((always_inline)) float gelu_tanh(float x)
     return 0.5f * x * (1.0f + ftanh(inner));
 }
 
+/* The derivatives as PyTorch's CPU kernels write them: the exact one from the normal
+   distribution's cdf and pdf, the tanh one by the product rule on 0.5 x (1 + tanh u). */
+static inline __attribute__((always_inline)) float gelu_grad(float x)
+{
+    float cdf = 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
+    float pdf = fexp(-0.5f * x * x) * (float)(M_2_SQRTPI * M_SQRT1_2 * 0.5);
+    return cdf + x * pdf;
+}
+
+static inline __attribute__((always_inline)) float gelu_tanh_grad(float x)
+{
+    const float k = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), c = 0.044715f;
+    float x2 = x * x;
+    float t = ftanh(k * (x + c * x2 * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x2);
+}
+
 static inline __attribute__((always_inline)) float lerp(float a, float b, float w)
 {
     return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);
@@ -145,6 +162,10 @@ static void step(int op, int n, float *restrict o, const float *a, const float *
     case TNT_EW_GELU_TANH: for (i = 0; i < n; i++) o[i] = gelu_tanh(a[i]); break;
     case TNT_EW_SILU: for (i = 0; i < n; i++) o[i] = a[i] / (1.0f + fexp(-a[i])); break;
     case TNT_EW_WHERE: for (i = 0; i < n; i++) o[i] = a[i] != 0.0f ? b[i] : c[i]; break;
+    case TNT_EW_SIN: for (i = 0; i < n; i++) o[i] = sinf(a[i]); break;
+    case TNT_EW_COS: for (i = 0; i < n; i++) o[i] = cosf(a[i]); break;
+    case TNT_EW_GELU_BACKWARD: for (i = 0; i < n; i++) o[i] = a[i] * gelu_grad(b[i]); break;
+    case TNT_EW_GELU_TANH_BACKWARD: for (i = 0; i < n; i++) o[i] = a[i] * gelu_tanh_grad(b[i]); break;
     case TNT_EW_STORE: memmove((float *)b, a, n * sizeof(float)); break;
     default: break;
     }

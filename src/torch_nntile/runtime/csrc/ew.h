@@ -50,6 +50,9 @@ enum tnt_ew_op {
     TNT_EW_GELU_TANH,
     TNT_EW_SILU,
     TNT_EW_WHERE,        /* a != 0 ? b : c (a: a bool tile) */
+    TNT_EW_SIN, TNT_EW_COS,
+    TNT_EW_GELU_BACKWARD,      /* a * GELU'(b), exact (erf) */
+    TNT_EW_GELU_TANH_BACKWARD, /* a * GELU'(b), tanh approximation */
     TNT_EW_STORE,        /* a written to buffer b (a TNT_EW_OUT buffer); its own result unused */
     TNT_EW_NOPS
 };
