@@ -62,6 +62,8 @@ int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf)
             int dest = op == TNT_EW_STORE && k == 2;
             if (r < TNT_EW_CONST && r > 0 && (types[r] == TNT_EW_OUT) != dest)
                 return -1;  /* a written buffer is never read, and only written buffers are stored to */
+            if (r >= TNT_EW_TEMP && st[5 * (r - TNT_EW_TEMP)] == TNT_EW_STORE)
+                return -1;  /* a store has no result of its own */
             if (dest)
                 stored[r]++;
         }
