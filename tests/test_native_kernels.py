@@ -149,6 +149,49 @@ def test_in_place_updates_of_held_values_run_as_one_c_task_per_tile(tiles):
         _same_bits(got.cpu(), want)
 
 
+def _break_stores(ints: list[int], how: str) -> list[int]:
+    """A copy of an ew.h record with two STORE steps, made malformed as ``how`` says."""
+    ints = list(ints)
+    nbuf, nd = ints[1], ints[2]
+    at = 3 + nd + nbuf * nd + 2 * nbuf + 1  # the first step (after the record's kind and the step count)
+    steps = [at + 5 * s for s in range(ints[at - 1])]
+    stores = [i for i in steps if ints[i] == native.STORE]
+    if how == "store_of_a_store":
+        ints[stores[1] + 1] = native.TEMP + steps.index(stores[0])
+    elif how == "store_last":
+        ints[steps[-1]:steps[-1] + 5] = ints[stores[0]:stores[0] + 5]
+    else:  # a written buffer read as an operand
+        ints[steps[0] + 1] = ints[stores[0] + 2]
+    return ints
+
+
+@pytest.mark.parametrize("how", ["store_of_a_store", "store_last", "written_buffer_read"])
+def test_malformed_store_programs_are_refused(monkeypatch, how):
+    """csrc/ew.c checks every program before its task goes in: a malformed one with
+    further results is refused with an error naming its task, and writes nothing."""
+    from torch_nntile.runtime import context
+
+    real = context.ew_record
+
+    def record(fn, specs):
+        rec = real(fn, specs)
+        if rec is not None and rec[0][0] == 0 and len(specs) == 7:  # the update below: p; m, v; p, g, m, v
+            rec = (_break_stores(rec[0], how), rec[1])
+        return rec
+
+    monkeypatch.setattr(context, "ew_record", record)
+    p, g, m, v = (_dev(t) for t in (torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 3), torch.rand(4, 3)))
+    torch_nntile.execute()
+    torch_nntile.wait()
+    m.lerp_(g, 0.1)
+    v.mul_(0.9).addcmul_(g, g, value=0.1)
+    p.addcdiv_(m, v.sqrt().add_(1e-8), value=-0.5)
+    with pytest.raises(RuntimeError, match=r"starpu_task_submit failed \(-22\) for lerp\+mul\+addcmul"):
+        torch_nntile.execute()
+    with pytest.raises(RuntimeError, match="lerp"):
+        p.cpu()
+
+
 def test_what_stays_python():
     def kernel_of(fn, *args):
         held = fn(*(_dev(a) for a in args))  # noqa: F841 - a value nothing holds is not computed
