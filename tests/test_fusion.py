@@ -25,17 +25,59 @@ def _tiled(x: torch.Tensor, name: str, tiling) -> torch.Tensor:
     return xn
 
 
-def test_a_chain_is_one_task_per_tile():
+def _python_tasks(monkeypatch) -> list[str]:
+    """The names of the tasks the runtime prepares as Python callbacks from here on."""
+    rt = SESSION_STATE.runtime()
+    names: list[str] = []
+    real = rt.prepare
+
+    def prepare(tasks, *a):
+        b = real(tasks, *a)
+        names.extend(c[3] for c in b.closures)
+        return b
+
+    monkeypatch.setattr(rt, "prepare", prepare)
+    return names
+
+
+def test_a_chain_is_one_task_per_tile(monkeypatch):
+    """Float chains fold into one task per tile; a comparison's bool result is a task
+    of its own (a C map), read by the fused chain of its float reader."""
+    python = _python_tasks(monkeypatch)
     x, row = torch.randn(10, 6), torch.randn(6)
-    xn, rn = _tiled(x, "rows_fc", [4, 6]), row.to("nntile")
+    rn = row.to("nntile")
+    xn = _tiled(x, "rows_fc", [4, 6])  # runs rn's copy too
     torch_nntile.reset_info()
     y = torch.where((xn * 2 + rn).exp() > 1.5, xn - rn, (-xn).sigmoid())  # bool and float steps, broadcast row
     want = torch.where((x * 2 + row).exp() > 1.5, x - row, (-x).sigmoid())
     assert_close(y.cpu(), want)
-    tasks = _tasks()
-    fused = [k for k in tasks if "+" in k]
-    assert len(fused) == 1 and tasks[fused[0]] == 2, tasks  # one task per row tile
-    assert set(fused[0].split("+")) == {"mul", "add", "exp", "gt", "sub", "neg", "sigmoid", "where"}
+    assert _tasks() == {"mul+add+exp": 2, "gt": 2, "sub+neg+sigmoid+where": 2, "readout": 1}  # per row tile
+    assert set(python) <= {"readout"}, python
+
+
+@pytest.mark.parametrize("tiles", [None, [3, 5]])
+def test_integer_and_bool_chains_run_op_by_op_in_c(monkeypatch, tiles):
+    """Mask arithmetic (a padded batch's positions and masks) is not fused: a chain with
+    integer or bool steps would run as Python, its ops each run in C."""
+    python = _python_tasks(monkeypatch)
+    g = torch.Generator().manual_seed(4)
+    pos = torch.randint(0, 9, (8, 5), generator=g)
+    keep = torch.rand(8, 5, generator=g) > 0.3
+    scores = torch.randn(8, 5, generator=g)
+    pn, kn, sn = (t.to("nntile") for t in (pos, keep, scores))
+    if tiles is not None:
+        for t in (pn, kn, sn):
+            torch_nntile.set_axis_group_name(t, {0: "rows_fi"})
+        torch_nntile.set_axis_group_tiling("rows_fi", tiles)
+
+    def masked(pos, keep, scores):
+        allowed = (pos <= 4) & keep ^ (pos == 7)
+        return torch.where(allowed, scores, -1e9), (pos * 3 - 1) | 8
+
+    for got, want in zip(masked(pn, kn, sn), masked(pos, keep, scores)):
+        got = got.cpu()
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert set(python) <= {"readout"}, python
 
 
 def test_shared_results_are_not_folded_held_ones_are_kept():

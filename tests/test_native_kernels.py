@@ -715,6 +715,25 @@ def test_integer_arithmetic_in_c(python_tasks, tiles):
     assert native.record(*task) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64])
+@pytest.mark.parametrize("name", ["bitwise_and", "bitwise_or", "bitwise_xor"])
+def test_bitwise_ops_in_c(python_tasks, dtype, name):
+    """Tensor and tensor (broadcast, and promoted to int64), tensor and number, in place."""
+    g = torch.Generator().manual_seed(6)
+    if dtype is torch.bool:
+        a, b, s = torch.rand(5, 7, generator=g) > 0.5, torch.rand(7, generator=g) > 0.5, True
+    else:
+        a, b, s = (torch.randint(-100, 100, (5, 7), generator=g).to(dtype),
+                   torch.randint(-100, 100, (7,), generator=g).to(dtype), 77)
+    f = getattr(torch, name)
+    for x, y in ((a, b), (a, s), (a, b.long())):
+        _parity(f, x, y, tiles=[2, 3])
+    x = _dev(a, [4, 1])
+    getattr(x, name + "_")(_dev(b))
+    assert torch.equal(x.cpu(), f(a, b))
+    _in_c(python_tasks)
+
+
 @pytest.mark.parametrize("tiles", [None, [1, 2]])
 def test_where_in_c(python_tasks, tiles):
     """where of float32 (bits kept: NaN, -0.0), int64, bool and float64 values, 0-dim value

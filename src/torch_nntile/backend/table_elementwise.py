@@ -379,3 +379,12 @@ for _name, _bwd in [("gelu", "gelu_backward"), ("silu", None), ("softplus", "sof
 
 native.RULES.update({grad_input_out: _helper_rule, grad_input_kw: _helper_rule, aten_out: _helper_rule,
                      relu_out: _relu_rule})
+
+
+def _helper_call(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, ...], ...],
+                 dtypes: tuple[torch.dtype, ...]) -> Any:
+    rec = native.CALLS.get(args[0])  # aten_out(op, *args): op's typed record
+    return rec(args[1:], kw, shapes, dtypes) if rec is not None else None
+
+
+native.CALLS[aten_out] = _helper_call

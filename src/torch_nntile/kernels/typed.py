@@ -25,7 +25,7 @@ TYPES = {torch.bool: 0, torch.uint8: 1, torch.int8: 2, torch.int16: 3, torch.int
          torch.float32: 6, torch.float64: 7}
 I64, F32, F64 = 5, 6, 7
 # TNT_MAP_* ops
-EQ, NE, LT, LE, GT, GE, ADD, SUB, MUL, WHERE = range(10)
+EQ, NE, LT, LE, GT, GE, ADD, SUB, MUL, WHERE, AND, OR, XOR = range(13)
 
 Record = tuple[list[int], tuple[float, ...]]
 
@@ -133,6 +133,19 @@ def _arith(op: int) -> Callable[..., Record | None]:
     return rec
 
 
+def _bitwise(op: int) -> Callable[..., Record | None]:
+    """Bitwise and / or / xor of integers and bools (PyTorch has none of floats)."""
+    def rec(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, ...], ...],
+            dtypes: tuple[torch.dtype, ...]) -> Record | None:
+        if kw or len(args) != 2:
+            return None
+        dt = common_dtype(list(args), shapes, dtypes)
+        if dt.is_floating_point or dt.is_complex:
+            return None
+        return map_record(op, dt, dt, list(args), shapes, dtypes)
+    return rec
+
+
 def _where(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, ...], ...],
            dtypes: tuple[torch.dtype, ...]) -> Record | None:
     if kw or len(args) != 3 or type(args[0]) is not Ref or dtypes[args[0]] is not torch.bool:
@@ -146,3 +159,7 @@ CALLS.update({
     torch.gt: _compare(GT), torch.ge: _compare(GE),
     torch.add: _arith(ADD), torch.sub: _arith(SUB), torch.mul: _arith(MUL), torch.where: _where,
 })
+for _name, _op in (("bitwise_and", AND), ("bitwise_or", OR), ("bitwise_xor", XOR)):
+    _packet = getattr(torch.ops.aten, _name)
+    CALLS.update({getattr(_packet, ov): _bitwise(_op) for ov in ("Tensor_out", "Scalar_out", "Scalar_Tensor_out")
+                  if ov in _packet.overloads()})

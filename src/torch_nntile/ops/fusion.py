@@ -6,6 +6,9 @@ into that reader: the group runs as one task per output tile, the intermediate
 results as temporaries inside the kernel, never registered as tiles. An optimizer's
 per-parameter update (AdamW: a dozen ops per parameter) becomes a few tasks.
 
+Only floating-point ops fold: a chain with integer or bool steps (a padded batch's
+mask arithmetic) would run as Python, where its ops each run in C (``kernels.typed``).
+
 A producer whose result is also held outside (a tensor updated in place, such as an
 optimizer's running average) folds into its reader the same way, when that reader is
 the only op that reads it: the group then writes that result too, as a further output
@@ -92,6 +95,8 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
         r = reader.get(id(op.outputs[0]))
         if r is None or r.opdef is not kind or len(r.outputs) != len(op.outputs):
             continue
+        if not (op.outputs[0].dtype.is_floating_point and r.outputs[0].dtype.is_floating_point):
+            continue  # integer or bool steps make a chain Python; such ops alone mostly run in typed.c
         reads = [sum(1 for n in ins if n is o) for o, (ins, _) in zip(op.outputs, elements(r))]
         if not all(reader.get(id(o)) is r and o.shape == res[0].shape and uses[id(o)] == c
                    for o, (_, res), c in zip(op.outputs, elements(r), reads)):

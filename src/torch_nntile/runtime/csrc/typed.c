@@ -293,7 +293,10 @@ static void apply(int op, int ctype, int otype, int n, const union block *v, cha
     case TNT_MAP_ADD: for (int i = 0; i < n; i++) r->i[i] = (int64_t)(a[i] + c[i] * bb[i]); break;
     case TNT_MAP_SUB: for (int i = 0; i < n; i++) r->i[i] = (int64_t)(a[i] - c[i] * bb[i]); break;
     case TNT_MAP_MUL: for (int i = 0; i < n; i++) r->i[i] = (int64_t)(a[i] * bb[i]); break;
-    default:
+    case TNT_MAP_AND: for (int i = 0; i < n; i++) r->i[i] = (int64_t)(a[i] & bb[i]); break;
+    case TNT_MAP_OR: for (int i = 0; i < n; i++) r->i[i] = (int64_t)(a[i] | bb[i]); break;
+    case TNT_MAP_XOR: for (int i = 0; i < n; i++) r->i[i] = (int64_t)(a[i] ^ bb[i]); break;
+    default:  /* TNT_MAP_WHERE */
         if (ctype == TNT_T_I64)
             for (int i = 0; i < n; i++) r->i[i] = v[0].i[i] ? v[1].i[i] : v[2].i[i];
         else if (ctype == TNT_T_F32)
