@@ -16,10 +16,27 @@ os.environ.setdefault("STARPU_HOME", os.path.join(tempfile.gettempdir(), "torch_
 
 import torch_nntile  # noqa: E402
 from torch_nntile.graph import axes  # noqa: E402
+from torch_nntile.session import SESSION_STATE  # noqa: E402
 
 torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=False)
 
 RTOL = 1e-5  # relative error allowed against CPU PyTorch in fp32
+
+
+@pytest.fixture
+def python_tasks(monkeypatch):
+    """The names of the tasks the runtime prepares as Python callbacks from here on."""
+    rt = SESSION_STATE.runtime()
+    names: list[str] = []
+    real = rt.prepare
+
+    def prepare(tasks, *a):
+        b = real(tasks, *a)
+        names.extend(c[3] for c in b.closures)
+        return b
+
+    monkeypatch.setattr(rt, "prepare", prepare)
+    return names
 
 
 @pytest.fixture(autouse=True)

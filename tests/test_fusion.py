@@ -25,25 +25,9 @@ def _tiled(x: torch.Tensor, name: str, tiling) -> torch.Tensor:
     return xn
 
 
-def _python_tasks(monkeypatch) -> list[str]:
-    """The names of the tasks the runtime prepares as Python callbacks from here on."""
-    rt = SESSION_STATE.runtime()
-    names: list[str] = []
-    real = rt.prepare
-
-    def prepare(tasks, *a):
-        b = real(tasks, *a)
-        names.extend(c[3] for c in b.closures)
-        return b
-
-    monkeypatch.setattr(rt, "prepare", prepare)
-    return names
-
-
-def test_a_chain_is_one_task_per_tile(monkeypatch):
+def test_a_chain_is_one_task_per_tile(python_tasks):
     """Float chains fold into one task per tile; a comparison's bool result is a task
     of its own (a C map), read by the fused chain of its float reader."""
-    python = _python_tasks(monkeypatch)
     x, row = torch.randn(10, 6), torch.randn(6)
     rn = row.to("nntile")
     xn = _tiled(x, "rows_fc", [4, 6])  # runs rn's copy too
@@ -52,14 +36,13 @@ def test_a_chain_is_one_task_per_tile(monkeypatch):
     want = torch.where((x * 2 + row).exp() > 1.5, x - row, (-x).sigmoid())
     assert_close(y.cpu(), want)
     assert _tasks() == {"mul+add+exp": 2, "gt": 2, "sub+neg+sigmoid+where": 2, "readout": 1}  # per row tile
-    assert set(python) <= {"readout"}, python
+    assert set(python_tasks) <= {"readout"}, python_tasks
 
 
 @pytest.mark.parametrize("tiles", [None, [3, 5]])
-def test_integer_and_bool_chains_run_op_by_op_in_c(monkeypatch, tiles):
+def test_integer_and_bool_chains_run_op_by_op_in_c(python_tasks, tiles):
     """Mask arithmetic (a padded batch's positions and masks) is not fused: a chain with
     integer or bool steps would run as Python, its ops each run in C."""
-    python = _python_tasks(monkeypatch)
     g = torch.Generator().manual_seed(4)
     pos = torch.randint(0, 9, (8, 5), generator=g)
     keep = torch.rand(8, 5, generator=g) > 0.3
@@ -77,7 +60,7 @@ def test_integer_and_bool_chains_run_op_by_op_in_c(monkeypatch, tiles):
     for got, want in zip(masked(pn, kn, sn), masked(pos, keep, scores)):
         got = got.cpu()
         assert got.dtype == want.dtype and torch.equal(got, want)
-    assert set(python) <= {"readout"}, python
+    assert set(python_tasks) <= {"readout"}, python_tasks
 
 
 def test_shared_results_are_not_folded_held_ones_are_kept():

@@ -527,22 +527,6 @@ def test_fills_of_zeros_of_either_sign_keep_their_sign():
         assert torch.equal(torch.signbit(got), torch.signbit(torch.full((4,), value)))
 
 
-@pytest.fixture
-def python_tasks(monkeypatch):
-    """The names of the tasks the runtime prepares as Python callbacks from here on."""
-    rt = SESSION_STATE.runtime()
-    names: list[str] = []
-    real = rt.prepare
-
-    def prepare(tasks, *a):
-        b = real(tasks, *a)
-        names.extend(c[3] for c in b.closures)
-        return b
-
-    monkeypatch.setattr(rt, "prepare", prepare)
-    return names
-
-
 def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch, python_tasks):
     """The C side counts tasks under at most 128 names; once as many names are in use,
     tasks of new names still run in C (counted together as ``OTHER_C_TASKS``), not as
