@@ -97,9 +97,10 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
             continue
         if not (op.outputs[0].dtype.is_floating_point and r.outputs[0].dtype.is_floating_point):
             continue  # integer or bool steps make a chain Python; such ops alone mostly run in typed.c
-        reads = [sum(1 for n in ins if n is o) for o, (ins, _) in zip(op.outputs, elements(r))]
+        els = elements(r)
+        reads = [sum(1 for n in ins if n is o) for o, (ins, _) in zip(op.outputs, els)]
         if not all(reader.get(id(o)) is r and o.shape == res[0].shape and uses[id(o)] == c
-                   for o, (_, res), c in zip(op.outputs, elements(r), reads)):
+                   for o, (_, res), c in zip(op.outputs, els, reads)):
             continue  # r is not the only reader of each result (of that result's element)
         if any(held > c for held, c in zip(outside_refs(op), reads)):
             if op.outputs[0].dtype is not torch.float32 or r.outputs[0].dtype is not torch.float32:
