@@ -243,3 +243,40 @@ def test_split_and_slices_keep_the_tiling_of_the_dims_they_do_not_cut():
     assert read(got_q).value.tiling[0] == (2, 3, 1)
     assert read(got_heads).value.tiling[0] == (2, 3, 1)
     assert not torch_nntile.metrics()["retiles"], torch_nntile.metrics()["retiles"]
+
+
+_WRITES = {
+    "last_half": lambda c: c[..., :3].copy_(c[..., 3:] * 2),  # the backward of Llama's rotate_half
+    "shift": lambda c: c[:, 1:].copy_(c[:, :-1].clone()),  # BART's shift_tokens_right
+    "column": lambda c: c[:, 0].fill_(5),
+    "two_dims": lambda c: c[1:3, 2:5].add_(1),
+    "stepped": lambda c: c[:, ::2].mul_(2),
+    "row": lambda c: c[2].zero_(),
+    "inner_box": lambda c: c[:, 1:3, 2:].sub_(7),
+    "empty": lambda c: c[:, 2:2].add_(1),
+}
+
+
+@pytest.mark.parametrize("tiling", [None, 3, [1, 5, 2]], ids=["untiled", "even", "uneven"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("case", list(_WRITES))
+def test_writes_through_slices_are_tiled_c_copies(case, dtype, tiling, python_tasks):
+    """A write through a box view (a slice, a column, a stepped slice) places the new
+    box by slices of the base and a concatenation, tiled as the base and run in C: no
+    strided scatter of the whole value as one Python task. CPU's exact values."""
+    shape = (8, 4, 6) if case == "inner_box" else (8, 6)
+    x = (torch.randn(shape) * 8).to(dtype)
+    xn = x.to("nntile")
+    if tiling is not None:
+        torch_nntile.set_axis_group_name(xn, {0: "written"})
+        torch_nntile.set_axis_group_tiling("written", tiling)
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    want, got = x * 1, xn * 1
+    _WRITES[case](want)
+    _WRITES[case](got)
+    assert torch.equal(got.cpu(), want)
+    if tiling is not None:  # the base's tiling is kept
+        assert read(got).value.tiling[0] == ((3, 3, 2) if tiling == 3 else tuple(tiling))
+    assert not _retiles(), torch_nntile.metrics()["retiles"]
+    assert set(python_tasks) <= {"readout"}, python_tasks

@@ -225,16 +225,18 @@ def _lower_cat(ctx: Lowering, node: OpNode) -> None:
 CAT = Op("cat", _lower_cat)
 
 
-def cat(xs: list[DataNode], dim: int, dtype: torch.dtype) -> DataNode:
+def cat(xs: list[DataNode], dim: int, dtype: torch.dtype, group: AxisGroup | None = None) -> DataNode:
     """Concatenate along ``dim`` (wrapped, inputs checked by the caller); other dims
-    share their axis groups across the inputs and the output."""
+    share their axis groups across the inputs and the output. The output's ``dim`` is
+    in ``group`` where given (a value rebuilt at its own extent keeps its tiling), else
+    in a new one."""
     first = xs[0]
     shape = list(first.shape)
     shape[dim] = sum(x.shape[dim] for x in xs)
     axes: list[AxisGroup] = []
     for d in range(len(shape)):
         if d == dim:
-            axes.append(new_group(shape[d]))
+            axes.append(group if group is not None else new_group(shape[d]))
             continue
         g = first.axes[d]
         for x in xs[1:]:
@@ -266,6 +268,9 @@ native.VIEWS[as_strided_tile] = _as_strided_view
 
 def _lower_as_strided(ctx: Lowering, node: OpNode) -> None:
     xn, on = node.inputs[0], node.outputs[0]
+    if 0 in on.shape:  # an empty view reads nothing: its base is not gathered
+        ctx.output(on, _whole(on))
+        return
     x, out = ctx.input(xn, _whole(xn)), ctx.output(on, _whole(on))  # re-tiled as planned after
     ctx.task(Kernel(as_strided_tile, *node.attrs), [Arg(out, (0,) * len(on.shape), W), Arg(x, (0,) * len(xn.shape), R)],
              "as_strided")
@@ -379,12 +384,46 @@ def read_view(base: DataNode, sizes: tuple[int, ...], strides: tuple[int, ...], 
 
 
 def write_view(base: DataNode, value: DataNode, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int) -> DataNode:
-    """The new base after writing ``value`` through a view of it."""
+    """The new base after writing ``value`` through a view of it: the inverse steps of
+    ``read_view`` where the view is a permuted reshape or a box of one (a box is placed
+    by slices of the base and concatenation, tiled, in C), else a strided scatter of
+    the whole value."""
+    if 0 in sizes:
+        return base  # an empty view writes nothing
     steps = decode(base.shape, sizes, strides, offset)
-    if steps is None or steps[3] is not None:
+    if steps is not None and steps[3] is None:
+        r_shape, perm, s_shape, _ = steps
+        inv = tuple(perm.index(i) for i in range(len(perm)))
+        v = reshape(value, tuple(r_shape[p] for p in perm))
+        return reshape(permute(v, inv), base.shape)
+    steps = decode_box(base.numel, sizes, strides, offset) if steps is None else None
+    if steps is None or steps[4] is not None:  # a broadcast view writes each item several times
         return record(AS_STRIDED_SCATTER, (base, value), (sizes, strides, offset),
                       [(base.shape, base.dtype, base.axes)])[0]
-    r_shape, perm, s_shape, _ = steps
+    r_shape, box, perm, _s_shape, _ = steps
+    sizes_r = tuple(sz for _, sz in box)
     inv = tuple(perm.index(i) for i in range(len(perm)))
-    v = reshape(value, tuple(r_shape[p] for p in perm))
-    return reshape(permute(v, inv), base.shape)
+    v = reshape(value, tuple(sizes_r[p] for p in perm))
+    v = reshape(permute(v, inv), sizes_r)
+    return reshape(_place(reshape(base, r_shape), v, box, 0), base.shape)
+
+
+def _place(x: DataNode, v: DataNode, box: tuple[tuple[int, int], ...], d: int) -> DataNode:
+    """``x`` with its ``box`` (a (start, size) per dim, from dim ``d`` on) replaced by
+    ``v``: per cut dim, the slices of ``x`` before and after the box around the rest."""
+    cut = [k for k in range(d, len(box)) if box[k] != (0, x.shape[k])]
+    if not cut:
+        return v
+    d = cut[0]
+    start, size = box[d]
+    end = x.shape[d] - start - size
+    parts = [_slice(x, d, 0, start)] if start else []
+    parts.append(_place(_slice(x, d, start, size), v, box, d + 1) if len(cut) > 1 else v)
+    if end:
+        parts.append(_slice(x, d, start + size, end))
+    return cat(parts, d, x.dtype, x.axes[d]) if len(parts) > 1 else parts[0]
+
+
+def _slice(x: DataNode, d: int, start: int, size: int) -> DataNode:
+    segs = tuple(((0, size, start, False),) if k == d else ((0, s, 0, False),) for k, s in enumerate(x.shape))
+    return boxes("slice", x, segs, x.shape[:d] + (size,) + x.shape[d + 1:], None)
