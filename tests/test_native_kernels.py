@@ -743,6 +743,62 @@ def test_where_in_c(python_tasks, tiles):
     _in_c(python_tasks)
 
 
+_CAST_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32,
+                torch.float64]
+_CAST_SOURCES = {
+    "int": torch.tensor([[0, 1, -1, 127, -128, 255, 256], [2**31 - 1, -2**31, 2**40 + 3, -2**53 - 1, 16777217, 7, -3]]),
+    "float": torch.tensor([[0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 16777217.0],
+                           [1e-30, 1e30, -1e30, 255.7, math.inf, -math.inf, math.nan]], dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("tiles", [None, [1, 2, 1]])
+@pytest.mark.parametrize("src", _CAST_DTYPES)
+def test_casts_between_dtypes_in_c(python_tasks, src, tiles):
+    """``.to(dtype)`` between bool, integers and floats converts as CPU does (integers
+    wrap; -0.0, infinities and NaN kept; a bool is nonzero, NaN included), in C; floats
+    to integers (PyTorch leaves values out of range unspecified) stay Python."""
+    x = _CAST_SOURCES["float" if src.is_floating_point else "int"].to(src).repeat(2, 1)
+    for out in _CAST_DTYPES:
+        if src.is_floating_point and not (out.is_floating_point or out is torch.bool):
+            continue
+        _parity(lambda t: t.to(out), x, tiles=tiles)
+        _parity(lambda t: t[0, 1].to(out), x)  # 0-dim
+        _parity(lambda t: t[:0].to(out), x)
+    _in_c(python_tasks)
+    held = _dev(_CAST_SOURCES["float"].float()).to(torch.int32)  # noqa: F841
+    (task,) = [(k, specs) for k, specs, name in _lowered() if name == "_to_copy"]
+    assert native.record(*task) is None
+    finite = _CAST_SOURCES["float"][:, :4]
+    _parity(lambda t: t.to(torch.int16), finite)  # as Python, the same values
+
+
+@pytest.mark.parametrize("tiles", [None, [1, 2]])
+def test_infinity_tests_and_masked_fill_in_c(python_tasks, tiles):
+    """``isposinf`` / ``isneginf`` of float32 and float64 tiles, and ``masked_fill`` of
+    tiles of any dtype (a number converted to the tile's dtype, a 0-dim tile, a CPU
+    scalar, a broadcast mask; bits kept): CPU's values, in C; a value out of the dtype's
+    range raises CPU's error."""
+    torch.manual_seed(9)
+    f = torch.randn(3, 1, 6, 7)
+    f[0, 0, 0, :4] = torch.tensor([math.nan, -0.0, math.inf, -math.inf])
+    mask = torch.rand(3, 1, 6, 7) > 0.5
+    for x in (f, f.double()):
+        _parity(torch.isneginf, x, tiles=tiles)
+        _parity(torch.isposinf, x, tiles=tiles)
+    seven = torch.tensor(7)
+    for x in (f, f.double(), (f * 100).long(), (f * 100).int(), f > 0, (f.abs() * 9).to(torch.uint8)):
+        for value in (-3, 2.7, True, -0.0, float("-inf") if x.is_floating_point() else 5):
+            _parity(lambda t, m: t.masked_fill(m, value), x, mask, tiles=tiles)
+        _parity(lambda t, m: t.masked_fill(m[:1, :, :, :1], torch.tensor(1.5)), x, mask, tiles=tiles)  # a CPU scalar
+        _parity(lambda t, m, v: t.masked_fill(m, v), x, mask, seven.to(x.dtype), tiles=tiles)  # a 0-dim tile
+    _in_c(python_tasks)
+    u8 = _dev(torch.arange(3, dtype=torch.uint8), tiles)
+    for value in (300, -1.5, torch.tensor(256)):  # out of uint8's range: CPU's error, at the call
+        with pytest.raises(RuntimeError, match="value cannot be converted to type uint8_t without overflow"):
+            u8.masked_fill(u8 > 2, value)
+
+
 @pytest.mark.parametrize("tiles", [None, [3, 1]])
 def test_masks_expanded_and_any_all_in_c(python_tasks, tiles):
     """A causal mask (``le`` of broadcast positions, expanded: a strided bool copy), and

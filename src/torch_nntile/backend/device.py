@@ -27,7 +27,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode
-from torch_nntile.kernels import Kernel
+from torch_nntile.kernels import Kernel, native, typed
 from torch_nntile.ops.base import TILE, call_out, map_op
 from torch_nntile.ops.data import fill, ingress
 from torch_nntile.ops.views import expand, read_view, reshape, write_view
@@ -304,6 +304,7 @@ def copy_tile(o: torch.Tensor, a: torch.Tensor) -> None:
 
 
 _COPY = Kernel(copy_tile)
+native.TYPED[copy_tile] = typed.cast_record  # a copy into another dtype: a conversion in C
 
 
 def cast(node: DataNode, dtype: torch.dtype) -> DataNode:

@@ -13,7 +13,7 @@ import torch
 from torch_nntile.backend.aten import Scalar, as_floating, aten, defop, ew, forms, promote, type_name
 from torch_nntile.backend.device import DEVICE
 from torch_nntile.graph.nodes import DataNode
-from torch_nntile.kernels import native
+from torch_nntile.kernels import native, typed
 
 # -- elementwise ---------------------------------------------------------------
 
@@ -180,6 +180,9 @@ def _masked_fill_kernel(a: torch.Tensor, mask: torch.Tensor, value: Any, out: to
     out.masked_fill_(mask, value)
 
 
+native.CALLS[_masked_fill_kernel] = typed.masked_fill_record  # a where in C
+
+
 @defop("masked_fill.Scalar", "masked_fill.Tensor")
 def _masked_fill(self: torch.Tensor, mask: torch.Tensor, value: Any) -> DataNode:
     if isinstance(value, torch.Tensor) and value.dim() != 0:
@@ -190,6 +193,8 @@ def _masked_fill(self: torch.Tensor, mask: torch.Tensor, value: Any) -> DataNode
         raise RuntimeError(f"value cannot be converted to type {type_name(self.dtype).lower()} without overflow")
     if mask.dtype != torch.bool:
         raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {mask.dtype}")
+    if not isinstance(value, torch.Tensor) or value.device.type == "cpu":  # PyTorch's range check of the value
+        torch.empty(0, dtype=self.dtype).masked_fill_(torch.empty(0, dtype=torch.bool), value)
     return ew("masked_fill", _masked_fill_kernel, [self, mask, value], self.dtype)
 
 

@@ -1,6 +1,7 @@
-"""Elementwise kernels over tiles of other dtypes than float32, as ``csrc/rows.h``
-``MAP`` records (run by ``csrc/typed.c``): comparisons, integer arithmetic and
-``where``, for ``call_out`` kernels (``native.CALLS``).
+"""Elementwise kernels over tiles of any dtype, as ``csrc/rows.h`` ``MAP`` records (run
+by ``csrc/typed.c``): comparisons, integer arithmetic, bitwise ops, ``where`` and
+``masked_fill``, ``isposinf`` / ``isneginf``, for ``call_out`` kernels (``native.CALLS``);
+and conversions between dtypes (``cast_record``).
 
 An op computes in PyTorch's common dtype of its operands (tiles, numbers, CPU
 scalars), which these records work out as PyTorch does (``torch.result_type``) from
@@ -11,6 +12,7 @@ not cover (float arithmetic, half precision, complex) returns None: Python runs 
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +27,7 @@ TYPES = {torch.bool: 0, torch.uint8: 1, torch.int8: 2, torch.int16: 3, torch.int
          torch.float32: 6, torch.float64: 7}
 I64, F32, F64 = 5, 6, 7
 # TNT_MAP_* ops
-EQ, NE, LT, LE, GT, GE, ADD, SUB, MUL, WHERE, AND, OR, XOR = range(13)
+EQ, NE, LT, LE, GT, GE, ADD, SUB, MUL, WHERE, AND, OR, XOR, CAST = range(14)
 
 Record = tuple[list[int], tuple[float, ...]]
 
@@ -154,11 +156,52 @@ def _where(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, .
     return map_record(WHERE, dt, dt, list(args), shapes, dtypes)
 
 
+def _is_inf(sign: float) -> Callable[..., Record | None]:
+    """``isposinf`` / ``isneginf`` of a float tile: equality with that infinity."""
+    def rec(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, ...], ...],
+            dtypes: tuple[torch.dtype, ...]) -> Record | None:
+        if kw or len(args) != 1 or type(args[0]) is not Ref or not dtypes[args[0]].is_floating_point:
+            return None
+        return map_record(EQ, torch.bool, dtypes[args[0]], [args[0], sign], shapes, dtypes)
+    return rec
+
+
+def masked_fill_record(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, ...], ...],
+                       dtypes: tuple[torch.dtype, ...]) -> Record | None:
+    """``masked_fill(a, mask, value)``: ``where(mask, value, a)`` in ``a``'s dtype, a
+    number converted to it as PyTorch converts it (the op checked its range). A value
+    tile of another dtype (whose range only the kernel can check) is left to Python."""
+    if kw or len(args) != 3 or type(args[0]) is not Ref or type(args[1]) is not Ref:
+        return None
+    a, mask, value = args
+    out = dtypes[0]
+    if dtypes[a] is not out or dtypes[mask] is not torch.bool or type(value) is Ref and dtypes[value] is not out:
+        return None
+    return map_record(WHERE, out, out, [mask, value, a], shapes, dtypes)
+
+
+def cast_record(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                dtypes: tuple[torch.dtype, ...]) -> Record | None:
+    """A copy of one tile into another dtype, converted as ``Tensor.to`` converts
+    (integers wrap; a bool is whether the value is nonzero, NaN included). None for the
+    same dtype (a plain copy) and for floats to integers, whose values out of the
+    integer's range PyTorch leaves unspecified: Python runs those."""
+    out, src = dtypes
+    if out is src or out not in TYPES or src not in TYPES or len(shapes) != 2:
+        return None
+    if out is torch.bool:
+        return map_record(NE, out, src if src.is_floating_point else torch.int64, [Ref(1), 0], shapes, dtypes)
+    if src.is_floating_point and not out.is_floating_point:
+        return None
+    return map_record(CAST, out, out, [Ref(1)], shapes, dtypes)
+
+
 CALLS.update({
     torch.eq: _compare(EQ), torch.ne: _compare(NE), torch.lt: _compare(LT), torch.le: _compare(LE),
     torch.gt: _compare(GT), torch.ge: _compare(GE),
     torch.add: _arith(ADD), torch.sub: _arith(SUB), torch.mul: _arith(MUL), torch.where: _where,
 })
+CALLS.update({torch.ops.aten.isposinf.out: _is_inf(math.inf), torch.ops.aten.isneginf.out: _is_inf(-math.inf)})
 for _name, _op in (("bitwise_and", AND), ("bitwise_or", OR), ("bitwise_xor", XOR)):
     _packet = getattr(torch.ops.aten, _name)
     CALLS.update({getattr(_packet, ov): _bitwise(_op) for ov in ("Tensor_out", "Scalar_out", "Scalar_Tensor_out")

@@ -87,10 +87,11 @@ enum { TNT_T_BOOL = 0, TNT_T_U8, TNT_T_I8, TNT_T_I16, TNT_T_I32, TNT_T_I64, TNT_
 
 /* TNT_ROWS_MAP's ops, with their operands: comparisons (a, b; the result bool),
    integer arithmetic (ctype TNT_T_I64, wrapping: a + c * b, a - c * b, a * b),
-   where (cond, a, b: a where cond is nonzero, else b) and the bitwise and, or, xor of
-   integers and bools (a, b; ctype TNT_T_I64). */
+   where (cond, a, b: a where cond is nonzero, else b), the bitwise and, or, xor of
+   integers and bools (a, b; ctype TNT_T_I64) and a conversion (a, read as ctype, stored
+   as the result's type: ctype is the result's class, TNT_T_I64 for integers and bool). */
 enum { TNT_MAP_EQ = 0, TNT_MAP_NE, TNT_MAP_LT, TNT_MAP_LE, TNT_MAP_GT, TNT_MAP_GE, TNT_MAP_ADD, TNT_MAP_SUB,
-       TNT_MAP_MUL, TNT_MAP_WHERE, TNT_MAP_AND, TNT_MAP_OR, TNT_MAP_XOR, TNT_MAP_NOPS };
+       TNT_MAP_MUL, TNT_MAP_WHERE, TNT_MAP_AND, TNT_MAP_OR, TNT_MAP_XOR, TNT_MAP_CAST, TNT_MAP_NOPS };
 
 /* What a kernel found wrong in its input values (the task fails with the matching
    Python exception, named in runtime/context.py): an index out of range (of a lookup,

@@ -174,7 +174,10 @@ static int type_size(int type)
 }
 
 static int is_integer(int type) { return type >= TNT_T_BOOL && type <= TNT_T_I64; }
-static int map_nops(int op) { return op == TNT_MAP_ADD || op == TNT_MAP_SUB || op == TNT_MAP_WHERE ? 3 : 2; }
+static int map_nops(int op)
+{
+    return op == TNT_MAP_CAST ? 1 : op == TNT_MAP_ADD || op == TNT_MAP_SUB || op == TNT_MAP_WHERE ? 3 : 2;
+}
 
 /* the type operand k of op is read as: where's condition as integers, the others as ctype */
 static int read_as(int op, int k, int ctype) { return op == TNT_MAP_WHERE && k == 0 ? TNT_T_I64 : ctype; }
@@ -193,9 +196,10 @@ static int map_check(const int32_t *p, int nints, int nbuf)
     for (int d = 0; d < nd; d++)
         if (p[MAP_HEAD + d] < 0)
             return -1;
-    /* comparisons write bool; arithmetic is on integers; where stores its values' type */
+    /* comparisons write bool; arithmetic is on integers; where and a conversion store
+       their values' type, computed in its class */
     if (op <= TNT_MAP_GE ? otype != TNT_T_BOOL
-        : op == TNT_MAP_WHERE ? (is_integer(otype) ? ctype != TNT_T_I64 : ctype != otype)
+        : op == TNT_MAP_WHERE || op == TNT_MAP_CAST ? (is_integer(otype) ? ctype != TNT_T_I64 : ctype != otype)
         : ctype != TNT_T_I64 || !is_integer(otype))
         return -1;
     for (int k = 0; k < nops; k++) {
@@ -285,6 +289,10 @@ static void apply(int op, int ctype, int otype, int n, const union block *v, cha
         else
             COMPARE(d)
 #undef COMPARE
+        return;
+    }
+    if (op == TNT_MAP_CAST) {  /* converted on loading */
+        store(ctype, otype, &v[0], o, n);
         return;
     }
     union block *r = &result;
