@@ -30,6 +30,7 @@ from torch_nntile.graph.nodes import DataNode
 from torch_nntile.kernels import Kernel, native, typed
 from torch_nntile.ops.base import TILE, call_out, map_op
 from torch_nntile.ops.data import fill, ingress
+from torch_nntile.ops.index import COPY, copy_tile
 from torch_nntile.ops.views import expand, read_view, reshape, write_view
 from torch_nntile.session import SESSION_STATE
 
@@ -299,16 +300,11 @@ def resize_output(t: torch.Tensor, shape: tuple[int, ...]) -> None:
     resize(t, shape)
 
 
-def copy_tile(o: torch.Tensor, a: torch.Tensor) -> None:
-    o.copy_(a)
-
-
-_COPY = Kernel(copy_tile)
 native.TYPED[copy_tile] = typed.cast_record  # a copy into another dtype: a conversion in C
 
 
 def cast(node: DataNode, dtype: torch.dtype) -> DataNode:
-    return map_op("_to_copy", _COPY, [node], dtype)
+    return map_op("_to_copy", COPY, [node], dtype)
 
 
 def to_cpu(t: torch.Tensor) -> torch.Tensor:

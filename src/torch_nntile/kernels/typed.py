@@ -187,7 +187,7 @@ def cast_record(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
     same dtype (a plain copy) and for floats to integers, whose values out of the
     integer's range PyTorch leaves unspecified: Python runs those."""
     out, src = dtypes
-    if out is src or out not in TYPES or src not in TYPES or len(shapes) != 2:
+    if out is src or out not in TYPES or src not in TYPES:
         return None
     if out is torch.bool:
         return map_record(NE, out, src if src.is_floating_point else torch.int64, [Ref(1), 0], shapes, dtypes)

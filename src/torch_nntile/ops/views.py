@@ -392,20 +392,22 @@ def write_view(base: DataNode, value: DataNode, sizes: tuple[int, ...], strides:
         return base  # an empty view writes nothing
     steps = decode(base.shape, sizes, strides, offset)
     if steps is not None and steps[3] is None:
-        r_shape, perm, s_shape, _ = steps
-        inv = tuple(perm.index(i) for i in range(len(perm)))
-        v = reshape(value, tuple(r_shape[p] for p in perm))
-        return reshape(permute(v, inv), base.shape)
+        r_shape, perm, _s_shape, _ = steps
+        return reshape(_unpermute(value, r_shape, perm), base.shape)
     steps = decode_box(base.numel, sizes, strides, offset) if steps is None else None
     if steps is None or steps[4] is not None:  # a broadcast view writes each item several times
         return record(AS_STRIDED_SCATTER, (base, value), (sizes, strides, offset),
                       [(base.shape, base.dtype, base.axes)])[0]
     r_shape, box, perm, _s_shape, _ = steps
-    sizes_r = tuple(sz for _, sz in box)
-    inv = tuple(perm.index(i) for i in range(len(perm)))
-    v = reshape(value, tuple(sizes_r[p] for p in perm))
-    v = reshape(permute(v, inv), sizes_r)
+    v = _unpermute(value, tuple(sz for _, sz in box), perm)
     return reshape(_place(reshape(base, r_shape), v, box, 0), base.shape)
+
+
+def _unpermute(value: DataNode, r_shape: tuple[int, ...], perm: tuple[int, ...]) -> DataNode:
+    """``value`` (seen as ``R`` permuted by ``perm``, ``read_view``'s steps) back in ``R``'s
+    layout, ``r_shape``."""
+    inv = tuple(perm.index(i) for i in range(len(perm)))
+    return reshape(permute(reshape(value, tuple(r_shape[p] for p in perm)), inv), r_shape)
 
 
 def _place(x: DataNode, v: DataNode, box: tuple[tuple[int, int], ...], d: int) -> DataNode:
