@@ -903,7 +903,7 @@ def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:
     return t
 
 
-_GEMM_NAMES = 128  # TNT_NAMES in the shim: names of C-run tasks counted apart (the last id shared)
+_GEMM_NAMES = 4096  # TNT_NAMES in the shim: names of C-run tasks counted apart (the last id shared)
 OTHER_C_TASKS = "(other C-run tasks)"  # the name the shared id's tasks are counted under
 
 

@@ -374,7 +374,7 @@ typedef void (*tnt_compute_t)(int, int, int, int, int, int, const float *, int, 
 enum { TNT_ROW_MAJOR = 101, TNT_NO_TRANS = 111, TNT_TRANS = 112, TNT_PACKED = 151, TNT_B_MATRIX = 162 };
 enum { TNT_GEMM = 0, TNT_GEMM_PACKED_B = 1, TNT_PACK_B = 2 };
 
-#define TNT_NAMES 128
+#define TNT_NAMES 4096
 static tnt_sgemm_t tnt_sgemm;
 static tnt_dgemm_t tnt_dgemm;
 static tnt_threads_t tnt_blas_threads;
