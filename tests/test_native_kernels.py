@@ -817,6 +817,28 @@ def test_masks_expanded_and_any_all_in_c(python_tasks, tiles):
     assert parts and all(native.record(k, specs) is not None for k, specs in parts)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.float16])
+def test_tril_tiles_kept_whole_are_c_copies(dtype):
+    """``tril`` / ``triu`` of a tiled matrix: a tile the diagonal leaves whole is a plain
+    copy, which runs in C for any dtype (it was a Python task); CPU's values, tiles cut
+    by the diagonal included."""
+    x = torch.randint(-9, 9, (7, 9)).to(dtype)
+    for fn in (lambda t: t.tril(1), lambda t: t.triu(-2), lambda t: t.tril(-7), lambda t: t.triu(9)):
+        want = fn(x)
+        d = x.to("nntile")
+        name = f"tri_{id(d)}"
+        torch_nntile.set_axis_group_name(d, {0: name + "r", 1: name + "c"})
+        torch_nntile.set_axis_group_tiling(name + "r", [2, 3, 2])
+        torch_nntile.set_axis_group_tiling(name + "c", [4, 1, 4])
+        got = fn(d)
+        copies = [(k, specs) for k, specs, n in _lowered() if n in ("tril", "triu") and k.fn.__name__ == "copy_tile"]
+        assert all(native.record(k, specs) is not None for k, specs in copies)
+        assert torch.equal(got.cpu(), want)
+    held = x.to("nntile").tril(20)  # noqa: F841 - every tile kept whole
+    copies = [(k, specs) for k, specs, n in _lowered() if n == "tril"]
+    assert copies and all(k.fn.__name__ == "copy_tile" and native.record(k, specs) is not None for k, specs in copies)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float64, torch.int16])
 @pytest.mark.parametrize("tiles", [None, [3, 4]])
 def test_copies_of_any_dtype_in_c(python_tasks, dtype, tiles):

@@ -19,7 +19,7 @@ from torch_nntile.graph.axes import AxisGroup, new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record
-from torch_nntile.ops.index import boxes
+from torch_nntile.ops.index import boxes, copy_program
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 # -- permute -------------------------------------------------------------------
@@ -29,17 +29,13 @@ def permute_tile(perm: tuple[int, ...], o: torch.Tensor, t: torch.Tensor) -> Non
     o.copy_(t.permute(perm))
 
 
-def _copy_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
-    return p.emit(native.COPY, refs[0])
-
-
 def _permute_view(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> dict[int, tuple[tuple[int, ...], int]]:
     (perm,) = params
     cs = native.contiguous_strides(shapes[1])
     return {1: (tuple(cs[p] for p in perm), 0)}
 
 
-native.TRANSLATORS[permute_tile] = _copy_program
+native.TRANSLATORS[permute_tile] = copy_program
 native.VIEWS[permute_tile] = _permute_view
 
 
@@ -177,7 +173,7 @@ def expand_tile(o: torch.Tensor, t: torch.Tensor) -> None:
 
 
 EXPAND_TILE = Kernel(expand_tile)
-native.TRANSLATORS[expand_tile] = _copy_program
+native.TRANSLATORS[expand_tile] = copy_program
 native.VIEWS[expand_tile] = lambda params, shapes: {}  # the input is read by broadcasting
 
 
@@ -262,7 +258,7 @@ def _as_strided_view(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...
     return {1: (tuple(stride), offset)} if tuple(size) == shapes[0] else {}
 
 
-native.TRANSLATORS[as_strided_tile] = _copy_program
+native.TRANSLATORS[as_strided_tile] = copy_program
 native.VIEWS[as_strided_tile] = _as_strided_view
 
 
