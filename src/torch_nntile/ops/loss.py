@@ -115,6 +115,18 @@ native.TYPED[nll_weight_tile] = _nll_weight_rows
 native.TRANSLATORS[divide_by] = lambda p, params, refs: p.emit(native.DIV, native.Ref(0), refs[0])
 
 
+def _sum_program(p: native.Program, params: tuple[Any, ...], refs: list[native.Ref]) -> native.Ref:
+    """The parts added in order (a loss's per-tile sums: a handful of 0-dim tiles)."""
+    acc = refs[0]
+    for r in refs[1:]:
+        acc = p.emit(native.ADD, acc, r)
+    return acc
+
+
+native.TRANSLATORS[sum_of] = _sum_program
+native.TRANSLATORS[sum_stack] = _sum_program
+
+
 def _row_index(ti: tuple[int, ...], j: int) -> tuple[int, ...]:
     """The input tile of the target tile ``ti`` and the class tile ``j``."""
     return (ti[0], j) + ti[1:]
