@@ -875,6 +875,31 @@ def test_index_in_c(python_tasks, index_dtype, dtype):
     _in_c(python_tasks)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.int16])
+def test_index_with_several_index_tiles_in_c(python_tasks, index_dtype, dtype):
+    """``x[i, j]`` with several integer index tiles broadcast together (a padding mask
+    looked up by batch and key positions; adjacent and apart indexed dims; negative,
+    empty and int32 indices; the kept dims tiled): CPU's values, in C."""
+    x = torch.randint(-50, 50, (8, 6, 5)).to(dtype)
+    b = torch.arange(8, dtype=index_dtype).view(8, 1, 1)
+    k = torch.tensor([4, -1, 0], dtype=index_dtype).view(1, 1, 3)
+    r = torch.tensor([[1], [-6]], dtype=index_dtype)
+    cases = [lambda t: t[b, :, k], lambda t: t[:, 0][b.view(8, 1), k.view(1, 3)],
+             lambda t: t[:, r, k.view(3)], lambda t: t[r, k.view(3)], lambda t: t[r[:0], k.view(3)[:0]],
+             lambda t: t[:, b.view(8)[:3], k.view(3)]]
+    for tiles in (None, [3, 5]):
+        for fn in cases:
+            _parity(fn, x, tiles=tiles)
+    _in_c(python_tasks)
+    for bad in ((r.clone().fill_(-7), k.view(3)), (r, k.view(3) + 5)):  # the first index tile, the second
+        with pytest.raises(IndexError) as cpu:
+            x[:, bad[0], bad[1]]
+        assert "out of bounds for dimension" in str(cpu.value)
+        with pytest.raises(IndexError, match=re.escape(str(cpu.value))):
+            _dev(x)[:, _dev(bad[0]), _dev(bad[1])].cpu()
+
+
 @pytest.mark.parametrize("tiles", [None, [3, 4]])
 def test_index_out_of_range_raises_the_cpu_error_from_c(python_tasks, tiles):
     x = torch.randint(0, 9, (7, 6))

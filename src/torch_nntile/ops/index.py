@@ -239,6 +239,8 @@ def _index_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
     """One integer index tile along one dim of a tile of any dtype runs in C (checking
     the indices as CPU does); masks and several index tiles stay Python."""
     (pattern,) = params
+    if len(shapes) > 3 or pattern.count(True) > 1:
+        return _index_n_rows(pattern, shapes, dtypes)
     if len(shapes) != 3 or pattern.count(True) != 1 or dtypes[0] is not dtypes[1] \
             or dtypes[2] not in native.INDEX_DTYPES or dtypes[0] not in native.ELEMENT_SIZES:
         return None
@@ -251,6 +253,42 @@ def _index_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
         return None  # CPU's own error for an empty dim: Python raises it
     return [native.INDEX, native.numel(x[:d]), x[d], native.numel(x[d + 1:]), k, native.ELEMENT_SIZES[dtypes[0]],
             int(dtypes[2] is torch.int64), 0], ()
+
+
+def _index_n_rows(pattern: tuple[bool, ...], shapes: tuple[tuple[int, ...], ...],
+                  dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    """Several integer index tiles, broadcast together (a padding mask looked up by
+    batch and key positions): ``INDEX_N``, element by element."""
+    o, x, *its = shapes
+    dims = [d for d, p in enumerate(pattern) if p]
+    if dtypes[0] is not dtypes[1] or dtypes[0] not in native.ELEMENT_SIZES or len(dims) != len(its) \
+            or any(d not in native.INDEX_DTYPES for d in dtypes[2:]) or dims[-1] >= len(x):
+        return None
+    try:
+        bshape = tuple(torch.broadcast_shapes(*its))
+    except RuntimeError:
+        return None
+    start, kept = index_layout(len(x), tuple(dims), bshape)
+    want = list(bshape)
+    for d, od in sorted(kept.items(), key=lambda kv: kv[1]):
+        want.insert(od, x[d])
+    if tuple(o) != tuple(want):
+        return None
+    if native.numel(o) and any(x[d] == 0 for d in dims):
+        return None  # CPU's own error for an empty dim: Python raises it
+    shape = tuple(o) or (1,)  # a 0-dim result: one element
+    xs = native.contiguous_strides(x)
+    xstride = [0] * len(shape)
+    for d, od in kept.items():
+        xstride[od] = xs[d]
+    ints = [native.INDEX_N, native.ELEMENT_SIZES[dtypes[0]], len(shape), len(its), *shape, *xstride]
+    for it, dt, d in zip(its, dtypes[2:], dims):
+        istride = [0] * len(shape)
+        for k, (size, st) in enumerate(zip(it, native.contiguous_strides(it))):
+            if size != 1:
+                istride[start + len(bshape) - len(it) + k] = st
+        ints += [int(dt is torch.int64), x[d], xs[d], *istride]
+    return (ints, ()) if len(shape) <= 16 and native.fits_int32(*ints, native.numel(x)) else None
 
 
 native.TYPED[index_tile] = _index_rows

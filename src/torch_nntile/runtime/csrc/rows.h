@@ -63,8 +63,18 @@
                                buffers: dst  (the task holds a reference to the data from its
                                submission until it has run: shim.c)
 
+     TNT_ROWS_INDEX_N          esize, ndim, m, shape[ndim], xstride[ndim], then per index tile j < m:
+                               index64, n, xstep, istride[ndim]
+                               buffers: o[shape] (contiguous), x, index 0 .. m-1  (x[i0, i1, ...]:
+                               element e of o, at position (c_0, ...), is read from x at
+                               sum_d c_d xstride_d (the dims x keeps; 0 for the index dims) plus,
+                               per index tile, xstep times its value at sum_d c_d istride_d
+                               (broadcast: stride 0), a negative value counting from n; one
+                               outside [-n, n) fails the task: TNT_ROWS_BAD_SUBSCRIPT, with j
+                               and n)
+
    The kinds from TNT_ROWS_SGD to TNT_ROWS_ROPE are in nn.c; TNT_ROWS_COPY_BOXES and
-   those from TNT_ROWS_MAP on in typed.c.
+   those from TNT_ROWS_MAP on (TNT_ROWS_INGRESS as a box copy) in typed.c.
 
    Tiles are float32 but for index and target tiles (int64, or int32 where index64 is
    0), the int64 output of TNT_ROWS_ARANGE, and the tiles of typed.c's kinds.
@@ -80,7 +90,7 @@ enum { TNT_ROWS_SOFTMAX = 1, TNT_ROWS_SOFTMAX_BACKWARD, TNT_ROWS_LAYER_NORM, TNT
        TNT_ROWS_COPY_BOXES, TNT_ROWS_SUM, TNT_ROWS_GATHER, TNT_ROWS_EMBEDDING_GRAD, TNT_ROWS_NLL,
        TNT_ROWS_NLL_WEIGHT, TNT_ROWS_NLL_GRAD, TNT_ROWS_ARANGE, TNT_ROWS_SGD, TNT_ROWS_ADAMW, TNT_ROWS_RMS_NORM,
        TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_MAP, TNT_ROWS_ANY, TNT_ROWS_INDEX,
-       TNT_ROWS_INGRESS, TNT_ROWS_NKINDS };
+       TNT_ROWS_INGRESS, TNT_ROWS_INDEX_N, TNT_ROWS_NKINDS };
 
 /* Element types of TNT_ROWS_MAP operands and results. */
 enum { TNT_T_BOOL = 0, TNT_T_U8, TNT_T_I8, TNT_T_I16, TNT_T_I32, TNT_T_I64, TNT_T_F32, TNT_T_F64, TNT_T_NTYPES };

@@ -400,6 +400,8 @@ int tnt_take(int64_t outer, int64_t n, int64_t inner, int64_t k, int esize, int 
 }
 
 /* x[..., index, ...] (one index tile). CPU reads no index where the result is empty. */
+#define TNT_INDEX_MAXDIM 16
+
 static int index_run(const int32_t *p, void *const *bufs, int64_t *bad)
 {
     int64_t outer = p[0], n = p[1], inner = p[2], k = p[3];
@@ -413,6 +415,62 @@ static int index_run(const int32_t *p, void *const *bufs, int64_t *bad)
     return TNT_ROWS_OK;
 }
 
+/* x[i0, i1, ...] with several (broadcast) index tiles: element by element, as the
+   result of a padding mask's lookup is small. CPU reads no index where it is empty. */
+static int index_n_run(const int32_t *p, void *const *bufs, int64_t *bad)
+{
+    int esize = p[0], nd = p[1], m = p[2];
+    const int32_t *shape = p + 3, *xstride = shape + nd, *ix = xstride + nd;
+    int64_t total = 1, c[TNT_INDEX_MAXDIM] = {0};
+    for (int d = 0; d < nd; d++)
+        total *= shape[d];
+    char *o = bufs[0];
+    const char *x = bufs[1];
+    for (int64_t e = 0; e < total; e++) {
+        int64_t off = 0;
+        for (int d = 0; d < nd; d++)
+            off += c[d] * xstride[d];
+        for (int j = 0; j < m; j++) {
+            const int32_t *q = ix + j * (3 + nd);
+            int64_t n = q[1], at = 0;
+            for (int d = 0; d < nd; d++)
+                at += c[d] * q[3 + d];
+            int64_t r = tnt_index_at(bufs[2 + j], q[0], at);
+            if (r < -n || r >= n) {
+                bad[0] = r;
+                bad[1] = j;
+                bad[2] = n;
+                return TNT_ROWS_BAD_SUBSCRIPT;
+            }
+            off += (r < 0 ? r + n : r) * q[2];
+        }
+        memcpy(o + e * esize, x + off * esize, (size_t)esize);
+        for (int d = nd - 1; d >= 0 && ++c[d] == shape[d]; d--)
+            c[d] = 0;
+    }
+    return TNT_ROWS_OK;
+}
+
+static int index_n_check(const int32_t *p, int nints, int nbuf)
+{
+    if (nints < 3 || !valid_esize(p[0]) || p[1] < 1 || p[1] > TNT_INDEX_MAXDIM || p[2] < 1
+        || nints != 3 + 2 * p[1] + p[2] * (3 + p[1]) || nbuf != 2 + p[2])
+        return -1;
+    int nd = p[1];
+    for (int d = 0; d < nd; d++)
+        if (p[3 + d] < 0 || p[3 + nd + d] < 0)
+            return -1;
+    for (int j = 0; j < p[2]; j++) {
+        const int32_t *q = p + 3 + 2 * nd + j * (3 + nd);
+        if ((q[0] != 0 && q[0] != 1) || q[1] < 0 || q[2] < 0)
+            return -1;
+        for (int d = 0; d < nd; d++)
+            if (q[3 + d] < 0)
+                return -1;
+    }
+    return 0;
+}
+
 int tnt_typed_check(int kind, const int32_t *p, int nints, int nbuf)
 {
     switch (kind) {
@@ -420,6 +478,7 @@ int tnt_typed_check(int kind, const int32_t *p, int nints, int nbuf)
     case TNT_ROWS_MAP: return map_check(p, nints, nbuf);
     case TNT_ROWS_ANY:
         return nints == 4 && p[0] >= 0 && p[1] >= 0 && p[2] >= 0 && nbuf == 2 ? 0 : -1;
+    case TNT_ROWS_INDEX_N: return index_n_check(p, nints, nbuf);
     case TNT_ROWS_INDEX:
         return nints == 7 && p[0] >= 0 && p[1] >= 0 && p[2] >= 0 && p[3] >= 0 && valid_esize(p[4])
                && (p[5] == 0 || p[5] == 1) && p[6] >= 0 && nbuf == 3 ? 0 : -1;
@@ -434,6 +493,7 @@ int tnt_typed_run(int kind, const int32_t *p, void *const *bufs, int64_t *bad)
     case TNT_ROWS_MAP: map_run(p, bufs); break;
     case TNT_ROWS_ANY: any_all(p, bufs); break;
     case TNT_ROWS_INDEX: return index_run(p, bufs, bad);
+    case TNT_ROWS_INDEX_N: return index_n_run(p, bufs, bad);
     default: break;
     }
     return TNT_ROWS_OK;
