@@ -478,7 +478,7 @@ def numel(shape: tuple[int, ...]) -> int:
 
 # csrc/rows.h kinds
 (SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD, COPY_BOXES, SUM, GATHER, EMBEDDING_GRAD, NLL, NLL_WEIGHT,
- NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE, MAP, ANY, INDEX, INGRESS, INDEX_N) = range(1, 23)
+ NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE, MAP, ANY, INDEX, INGRESS, INDEX_N, ISUM) = range(1, 24)
 INDEX_DTYPES = (torch.int64, torch.int32)  # index tiles the C kernels read (1: int64, 0: int32)
 # what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU
 BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT = 1, 2, 3

@@ -20,6 +20,7 @@ import torch
 from torch_nntile.graph.axes import new_group, union
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
+from torch_nntile.kernels.typed import TYPES
 from torch_nntile.ops.base import Op, record, reduce_into, split_chains, wrap_dims
 from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
 
@@ -50,8 +51,25 @@ def _sum_rows(accumulate: bool) -> Callable[..., tuple[list[int], tuple] | None]
     return rec
 
 
+def _isum_rows(accumulate: bool) -> Callable[..., tuple[list[int], tuple] | None]:
+    """Sums of integer or bool tiles into int64 over consecutive dims run in C (a count
+    of the tokens a padding mask keeps)."""
+    def rec(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+            dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+        dims, _, dtype = params
+        x, src = shapes[1], dtypes[1]
+        if dtype is not torch.int64 or dtypes[0] is not torch.int64 or src.is_floating_point or src not in TYPES \
+                or not dims or list(dims) != list(range(dims[0], dims[-1] + 1)):
+            return None
+        outer, inner = native.numel(x[:dims[0]]), native.numel(x[dims[-1] + 1:])
+        return [native.ISUM, outer, native.numel(x[dims[0]:dims[-1] + 1]), inner, int(accumulate), TYPES[src]], ()
+    return rec
+
+
 native.ROWS[sum_tile] = _sum_rows(False)
 native.ROWS[sum_tile_into] = _sum_rows(True)
+native.TYPED[sum_tile] = _isum_rows(False)
+native.TYPED[sum_tile_into] = _isum_rows(True)
 native.TRANSLATORS[scale_tile] = lambda p, params, refs: p.emit(native.MUL, native.Ref(0), params[0])
 
 

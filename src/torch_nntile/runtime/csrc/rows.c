@@ -357,6 +357,7 @@ int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *
     case TNT_ROWS_LAYER_NORM: layer_norm(p, consts, bufs); break;
     case TNT_ROWS_LAYER_NORM_GRAD: layer_norm_grad(p, bufs); break;
     case TNT_ROWS_COPY_BOXES: case TNT_ROWS_MAP: case TNT_ROWS_ANY: case TNT_ROWS_INDEX: case TNT_ROWS_INDEX_N:
+    case TNT_ROWS_ISUM:
         return tnt_typed_run(kind, p, bufs, bad);
     case TNT_ROWS_INGRESS: {
         void *two[2] = { bufs[0], (void *)(uintptr_t)consts[0] };

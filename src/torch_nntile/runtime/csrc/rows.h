@@ -73,6 +73,10 @@
                                outside [-n, n) fails the task: TNT_ROWS_BAD_SUBSCRIPT, with j
                                and n)
 
+     TNT_ROWS_ISUM             outer, n, inner, accumulate, type
+                               buffers: o[outer, inner] (int64), x[outer, n, inner] (an integer or
+                               bool type: the sums of PyTorch's integer sums, wrapping)
+
    The kinds from TNT_ROWS_SGD to TNT_ROWS_ROPE are in nn.c; TNT_ROWS_COPY_BOXES and
    those from TNT_ROWS_MAP on (TNT_ROWS_INGRESS as a box copy) in typed.c.
 
@@ -90,7 +94,7 @@ enum { TNT_ROWS_SOFTMAX = 1, TNT_ROWS_SOFTMAX_BACKWARD, TNT_ROWS_LAYER_NORM, TNT
        TNT_ROWS_COPY_BOXES, TNT_ROWS_SUM, TNT_ROWS_GATHER, TNT_ROWS_EMBEDDING_GRAD, TNT_ROWS_NLL,
        TNT_ROWS_NLL_WEIGHT, TNT_ROWS_NLL_GRAD, TNT_ROWS_ARANGE, TNT_ROWS_SGD, TNT_ROWS_ADAMW, TNT_ROWS_RMS_NORM,
        TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_MAP, TNT_ROWS_ANY, TNT_ROWS_INDEX,
-       TNT_ROWS_INGRESS, TNT_ROWS_INDEX_N, TNT_ROWS_NKINDS };
+       TNT_ROWS_INGRESS, TNT_ROWS_INDEX_N, TNT_ROWS_ISUM, TNT_ROWS_NKINDS };
 
 /* Element types of TNT_ROWS_MAP operands and results. */
 enum { TNT_T_BOOL = 0, TNT_T_U8, TNT_T_I8, TNT_T_I16, TNT_T_I32, TNT_T_I64, TNT_T_F32, TNT_T_F64, TNT_T_NTYPES };

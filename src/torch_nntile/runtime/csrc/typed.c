@@ -358,6 +358,30 @@ static void map_run(const int32_t *p, void *const *bufs)
     }
 }
 
+/* -- TNT_ROWS_ISUM ---------------------------------------------------------------- */
+
+/* Integer and bool sums into int64 (PyTorch's dtype for them), added as unsigned:
+   wrapping, as CPU's int64 sums do. */
+static void isum(const int32_t *p, void *const *bufs)
+{
+    int64_t outer = p[0], n = p[1], inner = p[2];
+    int accumulate = p[3], type = p[4], es = type_size(type);
+    int64_t *o = bufs[0];
+    const char *x = bufs[1];
+    union block *v = &operand[0];
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t c = 0; c < inner; c++) {
+            uint64_t s = accumulate ? (uint64_t)o[a * inner + c] : 0;
+            for (int64_t j0 = 0; j0 < n; j0 += BLOCK) {
+                int nb = (int)(n - j0 < BLOCK ? n - j0 : BLOCK);
+                load(TNT_T_I64, type, x + ((a * n + j0) * inner + c) * es, inner, nb, v);
+                for (int i = 0; i < nb; i++)
+                    s += (uint64_t)v->i[i];
+            }
+            o[a * inner + c] = (int64_t)s;
+        }
+}
+
 /* -- TNT_ROWS_ANY, TNT_ROWS_INDEX ----------------------------------------------------- */
 
 static void any_all(const int32_t *p, void *const *bufs)
@@ -479,6 +503,9 @@ int tnt_typed_check(int kind, const int32_t *p, int nints, int nbuf)
     case TNT_ROWS_ANY:
         return nints == 4 && p[0] >= 0 && p[1] >= 0 && p[2] >= 0 && nbuf == 2 ? 0 : -1;
     case TNT_ROWS_INDEX_N: return index_n_check(p, nints, nbuf);
+    case TNT_ROWS_ISUM:
+        return nints == 5 && p[0] >= 0 && p[1] >= 0 && p[2] >= 0 && (p[3] == 0 || p[3] == 1) && p[4] >= 0
+               && is_integer(p[4]) && nbuf == 2 ? 0 : -1;
     case TNT_ROWS_INDEX:
         return nints == 7 && p[0] >= 0 && p[1] >= 0 && p[2] >= 0 && p[3] >= 0 && valid_esize(p[4])
                && (p[5] == 0 || p[5] == 1) && p[6] >= 0 && nbuf == 3 ? 0 : -1;
@@ -494,6 +521,7 @@ int tnt_typed_run(int kind, const int32_t *p, void *const *bufs, int64_t *bad)
     case TNT_ROWS_ANY: any_all(p, bufs); break;
     case TNT_ROWS_INDEX: return index_run(p, bufs, bad);
     case TNT_ROWS_INDEX_N: return index_n_run(p, bufs, bad);
+    case TNT_ROWS_ISUM: isum(p, bufs); break;
     default: break;
     }
     return TNT_ROWS_OK;
