@@ -919,6 +919,30 @@ def test_index_with_several_index_tiles_in_c(python_tasks, index_dtype, dtype):
             _dev(x)[:, _dev(bad[0]), _dev(bad[1])].cpu()
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bool, torch.int16])
+def test_gather_in_c(python_tasks, dtype):
+    """``torch.gather`` of tiles of any dtype (along each dim, an index smaller than the
+    input in the other dims, tiled alongside it, empty): CPU's values, in C; an index
+    outside [0, n) (negative ones included) raises CPU's error."""
+    x = torch.randint(-50, 50, (6, 5, 4)).to(dtype)
+    i0 = torch.randint(0, 6, (6, 5, 4))
+    i1 = torch.randint(0, 5, (3, 2, 4))
+    for tiles in (None, [2, 4]):
+        _parity(lambda t, i: torch.gather(t, 0, i), x, i0)
+        _parity(lambda t, i: torch.gather(t, 1, i), x, i0.clamp(max=4), tiles=tiles)
+        _parity(lambda t, i: torch.gather(t, 1, i), x, i1)
+        _parity(lambda t, i: torch.gather(t, -1, i), x, i0.clamp(max=3), tiles=tiles)
+        _parity(lambda t, i: torch.gather(t, 2, i[:, :0]), x, i1)
+    _in_c(python_tasks)
+    for bad in (5, -1):
+        i = i1.clone()
+        i[1, 1, 2] = bad
+        with pytest.raises(RuntimeError) as cpu:
+            torch.gather(x, 1, i)
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
+            torch.gather(_dev(x), 1, _dev(i)).cpu()
+
+
 @pytest.mark.parametrize("tiles", [None, [3, 4]])
 def test_index_out_of_range_raises_the_cpu_error_from_c(python_tasks, tiles):
     x = torch.randint(0, 9, (7, 6))

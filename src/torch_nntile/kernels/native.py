@@ -481,7 +481,7 @@ def numel(shape: tuple[int, ...]) -> int:
  NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE, MAP, ANY, INDEX, INGRESS, INDEX_N, ISUM) = range(1, 24)
 INDEX_DTYPES = (torch.int64, torch.int32)  # index tiles the C kernels read (1: int64, 0: int32)
 # what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU
-BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT = 1, 2, 3
+BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT, BAD_GATHER = 1, 2, 3, 4
 
 
 def input_error(code: int, value: int, dim: int = 0, size: int = 0) -> BaseException:
@@ -491,6 +491,8 @@ def input_error(code: int, value: int, dim: int = 0, size: int = 0) -> BaseExcep
         return IndexError(f"Target {value} is out of bounds.")
     if code == BAD_SUBSCRIPT:
         return IndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
+    if code == BAD_GATHER:
+        return RuntimeError(f"index {value} is out of bounds for dimension {dim} with size {size}")
     return IndexError("index out of range in self")
 
 

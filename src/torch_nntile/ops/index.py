@@ -261,8 +261,8 @@ def _index_n_rows(pattern: tuple[bool, ...], shapes: tuple[tuple[int, ...], ...]
     batch and key positions): ``INDEX_N``, element by element."""
     o, x, *its = shapes
     dims = [d for d, p in enumerate(pattern) if p]
-    if dtypes[0] is not dtypes[1] or dtypes[0] not in native.ELEMENT_SIZES or len(dims) != len(its) \
-            or any(d not in native.INDEX_DTYPES for d in dtypes[2:]) or dims[-1] >= len(x):
+    if dtypes[0] is not dtypes[1] or len(dims) != len(its) or any(d not in native.INDEX_DTYPES for d in dtypes[2:]) \
+            or dims[-1] >= len(x):
         return None
     try:
         bshape = tuple(torch.broadcast_shapes(*its))
@@ -276,19 +276,53 @@ def _index_n_rows(pattern: tuple[bool, ...], shapes: tuple[tuple[int, ...], ...]
         return None
     if native.numel(o) and any(x[d] == 0 for d in dims):
         return None  # CPU's own error for an empty dim: Python raises it
+    reads = []
+    for j, (it, dt, d) in enumerate(zip(its, dtypes[2:], dims)):
+        istride = [0] * max(1, len(o))
+        for k, (size, st) in enumerate(zip(it, native.contiguous_strides(it))):
+            if size != 1:
+                istride[start + len(bshape) - len(it) + k] = st
+        reads.append((dt, d, False, j, istride))
+    return _index_n_record(dtypes[0], o, x, kept, reads)
+
+
+def _index_n_record(dtype: torch.dtype, o: tuple[int, ...], x: tuple[int, ...], kept: dict[int, int],
+                    reads: list[tuple[torch.dtype, int, bool, int, list[int]]]) -> tuple[list[int], tuple] | None:
+    """The ``INDEX_N`` record of output tile ``o`` read from tile ``x``: its dims ``kept``
+    (x dim -> output dim) by their strides, and per index tile (its dtype, the x dim it
+    indexes, gather's rules or indexing's, the dim its error names, its strides per
+    output dim) that dim."""
+    if dtype not in native.ELEMENT_SIZES or not x:
+        return None
     shape = tuple(o) or (1,)  # a 0-dim result: one element
     xs = native.contiguous_strides(x)
     xstride = [0] * len(shape)
     for d, od in kept.items():
         xstride[od] = xs[d]
-    ints = [native.INDEX_N, native.ELEMENT_SIZES[dtypes[0]], len(shape), len(its), *shape, *xstride]
-    for it, dt, d in zip(its, dtypes[2:], dims):
-        istride = [0] * len(shape)
-        for k, (size, st) in enumerate(zip(it, native.contiguous_strides(it))):
-            if size != 1:
-                istride[start + len(bshape) - len(it) + k] = st
-        ints += [int(dt is torch.int64), x[d], xs[d], *istride]
+    ints = [native.INDEX_N, native.ELEMENT_SIZES[dtype], len(shape), len(reads), *shape, *xstride]
+    for dt, d, gather, dim, istride in reads:
+        ints += [int(dt is torch.int64) | (2 if gather else 0), x[d], xs[d], dim, *istride]
     return (ints, ()) if len(shape) <= 16 and native.fits_int32(*ints, native.numel(x)) else None
+
+
+def _gather_record(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, ...], ...],
+                   dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple] | None:
+    """``torch.gather`` of a tile of any dtype (BERT's position and token type ids):
+    ``INDEX_N`` with one index tile laid out as the result, whose values must lie in
+    ``[0, n)`` (CPU's error otherwise)."""
+    if kw or len(args) != 3 or type(args[0]) is not native.Ref or type(args[2]) is not native.Ref \
+            or type(args[1]) is not int:
+        return None
+    o, x, i = shapes[0], shapes[args[0]], shapes[args[2]]
+    d = args[1]
+    if dtypes[0] is not dtypes[args[0]] or dtypes[args[2]] is not torch.int64 or len(x) != len(i) or tuple(o) != i \
+            or not 0 <= d < len(x) or (args[0], args[2]) != (1, 2):
+        return None
+    kept = {k: k for k in range(len(x)) if k != d}
+    return _index_n_record(dtypes[0], o, x, kept, [(torch.int64, d, True, d, list(native.contiguous_strides(i)))])
+
+
+native.CALLS[torch.ops.aten.gather.out] = _gather_record
 
 
 native.TYPED[index_tile] = _index_rows

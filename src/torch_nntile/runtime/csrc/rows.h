@@ -64,14 +64,15 @@
                                submission until it has run: shim.c)
 
      TNT_ROWS_INDEX_N          esize, ndim, m, shape[ndim], xstride[ndim], then per index tile j < m:
-                               index64, n, xstep, istride[ndim]
-                               buffers: o[shape] (contiguous), x, index 0 .. m-1  (x[i0, i1, ...]:
-                               element e of o, at position (c_0, ...), is read from x at
-                               sum_d c_d xstride_d (the dims x keeps; 0 for the index dims) plus,
-                               per index tile, xstep times its value at sum_d c_d istride_d
-                               (broadcast: stride 0), a negative value counting from n; one
-                               outside [-n, n) fails the task: TNT_ROWS_BAD_SUBSCRIPT, with j
-                               and n)
+                               flags, n, xstep, dim, istride[ndim]
+                               buffers: o[shape] (contiguous), x, index 0 .. m-1  (x[i0, i1, ...],
+                               and gather: element e of o, at position (c_0, ...), is read from x
+                               at sum_d c_d xstride_d (the dims x keeps; 0 for the index dims)
+                               plus, per index tile, xstep times its value at sum_d c_d istride_d
+                               (broadcast: stride 0). Flags: 1, int64 indices (else int32); 2,
+                               gather's: a value outside [0, n) fails the task with
+                               TNT_ROWS_BAD_GATHER; else a negative value counts from n and one
+                               outside [-n, n) fails it with TNT_ROWS_BAD_SUBSCRIPT; with dim and n)
 
      TNT_ROWS_ISUM             outer, n, inner, accumulate, type
                                buffers: o[outer, inner] (int64), x[outer, n, inner] (an integer or
@@ -110,8 +111,8 @@ enum { TNT_MAP_EQ = 0, TNT_MAP_NE, TNT_MAP_LT, TNT_MAP_LE, TNT_MAP_GT, TNT_MAP_G
 /* What a kernel found wrong in its input values (the task fails with the matching
    Python exception, named in runtime/context.py): an index out of range (of a lookup,
    of an index tile), a target out of bounds. bad[0] is the offending value; for
-   TNT_ROWS_BAD_SUBSCRIPT bad[1] and bad[2] are the dim and its size. */
-enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET, TNT_ROWS_BAD_SUBSCRIPT };
+   TNT_ROWS_BAD_SUBSCRIPT and TNT_ROWS_BAD_GATHER bad[1] and bad[2] are the dim and its size. */
+enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET, TNT_ROWS_BAD_SUBSCRIPT, TNT_ROWS_BAD_GATHER };
 
 /* 0 when ``p`` (``nints`` values after the kind) fits kind ``kind`` with ``nbuf`` buffers. */
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf);

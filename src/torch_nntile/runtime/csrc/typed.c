@@ -439,8 +439,9 @@ static int index_run(const int32_t *p, void *const *bufs, int64_t *bad)
     return TNT_ROWS_OK;
 }
 
-/* x[i0, i1, ...] with several (broadcast) index tiles: element by element, as the
-   result of a padding mask's lookup is small. CPU reads no index where it is empty. */
+/* x[i0, i1, ...] with several (broadcast) index tiles, or gather: element by element,
+   as the results (a padding mask's lookup, position ids) are small. CPU reads no
+   index where the result is empty. */
 static int index_n_run(const int32_t *p, void *const *bufs, int64_t *bad)
 {
     int esize = p[0], nd = p[1], m = p[2];
@@ -455,16 +456,17 @@ static int index_n_run(const int32_t *p, void *const *bufs, int64_t *bad)
         for (int d = 0; d < nd; d++)
             off += c[d] * xstride[d];
         for (int j = 0; j < m; j++) {
-            const int32_t *q = ix + j * (3 + nd);
+            const int32_t *q = ix + j * (4 + nd);
             int64_t n = q[1], at = 0;
+            int gather = q[0] & 2;
             for (int d = 0; d < nd; d++)
-                at += c[d] * q[3 + d];
-            int64_t r = tnt_index_at(bufs[2 + j], q[0], at);
-            if (r < -n || r >= n) {
+                at += c[d] * q[4 + d];
+            int64_t r = tnt_index_at(bufs[2 + j], q[0] & 1, at);
+            if (r < (gather ? 0 : -n) || r >= n) {
                 bad[0] = r;
-                bad[1] = j;
+                bad[1] = q[3];
                 bad[2] = n;
-                return TNT_ROWS_BAD_SUBSCRIPT;
+                return gather ? TNT_ROWS_BAD_GATHER : TNT_ROWS_BAD_SUBSCRIPT;
             }
             off += (r < 0 ? r + n : r) * q[2];
         }
@@ -478,18 +480,18 @@ static int index_n_run(const int32_t *p, void *const *bufs, int64_t *bad)
 static int index_n_check(const int32_t *p, int nints, int nbuf)
 {
     if (nints < 3 || !valid_esize(p[0]) || p[1] < 1 || p[1] > TNT_INDEX_MAXDIM || p[2] < 1
-        || nints != 3 + 2 * p[1] + p[2] * (3 + p[1]) || nbuf != 2 + p[2])
+        || nints != 3 + 2 * p[1] + p[2] * (4 + p[1]) || nbuf != 2 + p[2])
         return -1;
     int nd = p[1];
     for (int d = 0; d < nd; d++)
         if (p[3 + d] < 0 || p[3 + nd + d] < 0)
             return -1;
     for (int j = 0; j < p[2]; j++) {
-        const int32_t *q = p + 3 + 2 * nd + j * (3 + nd);
-        if ((q[0] != 0 && q[0] != 1) || q[1] < 0 || q[2] < 0)
+        const int32_t *q = p + 3 + 2 * nd + j * (4 + nd);
+        if (q[0] < 0 || q[0] > 3 || q[1] < 0 || q[2] < 0 || q[3] < 0)
             return -1;
         for (int d = 0; d < nd; d++)
-            if (q[3 + d] < 0)
+            if (q[4 + d] < 0)
                 return -1;
     }
     return 0;
