@@ -911,6 +911,13 @@ def test_index_with_several_index_tiles_in_c(python_tasks, index_dtype, dtype):
         for fn in cases:
             _parity(fn, x, tiles=tiles)
     _in_c(python_tasks)
+    empty = torch.zeros(3, 4, 0).to(dtype)  # a result with no elements: no index is read
+    _parity(lambda t, i, j: t[i, j], empty, torch.tensor([1, -3, 9]), torch.tensor([2]))
+    none = torch.zeros(0, 3, 0).to(dtype)
+    with pytest.raises(IndexError) as cpu:  # but indices into a dim of no elements are refused, result or not
+        none[torch.tensor([0]), torch.tensor([1])]
+    with pytest.raises(IndexError, match=re.escape(str(cpu.value))):
+        _dev(none)[_dev(torch.tensor([0])), _dev(torch.tensor([1]))].cpu()
     for bad in ((r.clone().fill_(-7), k.view(3)), (r, k.view(3) + 5)):  # the first index tile, the second
         with pytest.raises(IndexError) as cpu:
             x[:, bad[0], bad[1]]

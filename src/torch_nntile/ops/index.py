@@ -274,8 +274,8 @@ def _index_n_rows(pattern: tuple[bool, ...], shapes: tuple[tuple[int, ...], ...]
         want.insert(od, x[d])
     if tuple(o) != tuple(want):
         return None
-    if native.numel(o) and any(x[d] == 0 for d in dims):
-        return None  # CPU's own error for an empty dim: Python raises it
+    if native.numel(bshape) and any(x[d] == 0 for d in dims):
+        return None  # CPU's own error for indices into an empty dim (even where the result is empty): Python raises it
     reads = []
     for j, (it, dt, d) in enumerate(zip(its, dtypes[2:], dims)):
         istride = [0] * max(1, len(o))
