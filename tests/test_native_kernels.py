@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import random
 import re
 
 import pytest
@@ -948,6 +949,44 @@ def test_gather_in_c(python_tasks, dtype):
             torch.gather(x, 1, i)
         with pytest.raises(RuntimeError, match=re.escape(str(cpu.value))):
             torch.gather(_dev(x), 1, _dev(i)).cpu()
+
+
+def _same_outcome(fn, *args) -> None:
+    """``fn`` on nntile gives CPU's values, or raises CPU's exception (its first line)."""
+    try:
+        want = fn(*args)
+    except (IndexError, RuntimeError) as e:
+        with pytest.raises(type(e), match=re.escape(str(e).splitlines()[0])):
+            fn(*(_dev(a) if isinstance(a, torch.Tensor) else a for a in args)).cpu()
+        with contextlib.suppress(IndexError, RuntimeError):
+            torch_nntile.wait()
+        return
+    _parity(fn, *args)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gather_sums_and_indexing_match_cpu_on_random_shapes(seed):
+    """Random shapes with zero-size and unit dims, dtypes, dims and indices (some out of
+    range, some negative): gather, integer sums and indexing by two index tiles give
+    CPU's values or CPU's error."""
+    rng = random.Random(seed)
+    for _ in range(25):
+        nd = rng.randint(1, 3)
+        shape = [rng.choice([0, 1, 2, 3, 5]) for _ in range(nd)]
+        dt = rng.choice([torch.float32, torch.int64, torch.bool, torch.int16, torch.uint8])
+        x = (torch.randn(shape) * 50).to(dt)
+        d = rng.randrange(nd)
+        ishape = [rng.randint(0, s) if k != d else rng.randint(0, 4) for k, s in enumerate(shape)]
+        idx = torch.randint(-1 if rng.random() < 0.1 else 0, max(shape[d], 1) + (rng.random() < 0.1), ishape)
+        _same_outcome(lambda t, i: torch.gather(t, d, i), x, idx)
+        if not dt.is_floating_point:
+            lo = rng.randrange(nd)
+            dims = list(range(lo, rng.randint(lo, nd - 1) + 1))
+            _same_outcome(lambda t: t.sum(dims), x)
+        if nd >= 2:
+            a = torch.randint(-shape[0], max(shape[0], 1), (rng.randint(0, 3), 1))
+            b = torch.randint(-shape[1], max(shape[1], 1), (rng.randint(1, 3),))
+            _same_outcome(lambda t, i, j: t[i, j], x, a, b)
 
 
 @pytest.mark.parametrize("tiles", [None, [3, 4]])
