@@ -954,7 +954,7 @@ def test_gather_in_c(python_tasks, dtype):
 def _same_outcome(fn, *args) -> None:
     """``fn`` on nntile gives CPU's values, or raises CPU's exception (its first line)."""
     try:
-        want = fn(*args)
+        fn(*args)
     except (IndexError, RuntimeError) as e:
         with pytest.raises(type(e), match=re.escape(str(e).splitlines()[0])):
             fn(*(_dev(a) if isinstance(a, torch.Tensor) else a for a in args)).cpu()
