@@ -192,3 +192,52 @@ def test_fused_gradients_and_optimizer_step_match_cpu():
     for p, q in zip(lin.parameters(), ref.parameters()):
         assert_close(p.detach().cpu(), q.detach(), rtol=1e-5)
     assert any("addcdiv" in k and "+" in k for k in _tasks())  # the update runs fused
+
+
+@pytest.mark.parametrize("tiles", [None, [2, 3]])  # untiled; uneven row tiles of the first element
+def test_foreach_chains_write_only_held_results(monkeypatch, tiles):
+    """Each element of a fused foreach chain writes the parameter and the values tensors
+    still hold (AdamW's running averages), not the intermediate results the step drops:
+    the per-element input slices fusion reads once counted as holders of every result."""
+    from torch_nntile import session
+    from torch_nntile.ops.base import FOREACH
+    from torch_nntile.ops.fusion import fuse_elementwise
+
+    seen: list[tuple[str, tuple[int, ...]]] = []
+
+    def spy(ops):
+        out = fuse_elementwise(ops)
+        seen.extend((op.attrs[1], op.attrs[0].params[1]) for op in out if op.opdef is FOREACH)
+        return out
+
+    monkeypatch.setattr(session, "fuse_elementwise", spy)
+    torch.manual_seed(5)
+    shapes = [(5, 3), (4, 3), (4, 2)]  # alike: one group of three elements
+    cpu = [[torch.randn(s) for s in shapes] for _ in range(4)]
+    for v in cpu[3]:
+        v.abs_()
+    dev = [[t.to("nntile") for t in ts] for ts in cpu]
+    if tiles is not None:
+        torch_nntile.set_axis_group_name(dev[0][0], {0: "rows_fe"})
+        torch_nntile.set_axis_group_tiling("rows_fe", tiles)
+    torch_nntile.execute()
+    torch_nntile.wait()
+
+    def update(ps, gs, ms, vs):
+        torch._foreach_mul_(ps, 0.99)
+        torch._foreach_lerp_(ms, gs, 0.1)
+        torch._foreach_mul_(vs, 0.999)
+        torch._foreach_addcmul_(vs, gs, gs, value=0.001)
+        den = torch._foreach_sqrt(vs)
+        torch._foreach_div_(den, 0.5)
+        torch._foreach_add_(den, 1e-8)
+        torch._foreach_addcdiv_(ps, ms, den, value=-0.01)
+
+    update(*dev)
+    update(*cpu)
+    torch_nntile.execute()
+    for got, want in zip(dev, cpu):
+        for g, w in zip(got, want):
+            assert_close(g.cpu(), w)
+    name = "mul+lerp+mul+addcmul+sqrt+div+add+addcdiv"
+    assert seen == [(name, (1, 3))], seen  # the lerp's and addcmul's results: m and v

@@ -138,8 +138,7 @@ def deaths(ops: list[OpNode]) -> dict[int, list[DataNode]]:
     readers: dict[int, int] = {}
     last: dict[int, int] = {}
     for i, op in enumerate(ops):
-        for n in op.inputs:
-            key = id(n)
+        for key in map(id, op.inputs):  # ids only: a loop variable left holding a node would count as a holder
             readers[key] = readers.get(key, 0) + 1
             last[key] = i
     dying: dict[int, list[DataNode]] = {}

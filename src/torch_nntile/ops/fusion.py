@@ -97,10 +97,8 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
             continue
         if not (op.outputs[0].dtype.is_floating_point and r.outputs[0].dtype.is_floating_point):
             continue  # integer or bool steps make a chain Python; such ops alone mostly run in typed.c
-        els = elements(r)
-        reads = [sum(1 for n in ins if n is o) for o, (ins, _) in zip(op.outputs, els)]
-        if not all(reader.get(id(o)) is r and o.shape == res[0].shape and uses[id(o)] == c
-                   for o, (_, res), c in zip(op.outputs, els, reads)):
+        reads = _sole_reads(op, r, reader, uses)
+        if reads is None:
             continue  # r is not the only reader of each result (of that result's element)
         if any(held > c for held, c in zip(outside_refs(op), reads)):
             if op.outputs[0].dtype is not torch.float32 or r.outputs[0].dtype is not torch.float32:
@@ -130,6 +128,20 @@ def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
         else:
             out.append(fused)
     return out
+
+
+def _sole_reads(op: OpNode, r: OpNode, reader: dict[int, OpNode], uses: dict[int, int]) -> list[int] | None:
+    """Per result of ``op``: how often the same element of ``r`` reads it, where ``r`` is
+    its only reader (else None). A function of its own so that the per-element input
+    tuples it slices are gone when the caller counts the results' outside references
+    (each would count as one more holder, and every result of a foreach chain would
+    look held)."""
+    els = elements(r)
+    reads = [sum(1 for n in ins if n is o) for o, (ins, _) in zip(op.outputs, els)]
+    if not all(reader.get(id(o)) is r and o.shape == res[0].shape and uses[id(o)] == c
+               for o, (_, res), c in zip(op.outputs, els, reads)):
+        return None
+    return reads
 
 
 def _program(steps: list[tuple[Kernel, tuple[DataNode, ...], DataNode]]) -> tuple[list[DataNode], tuple[Step, ...]]:
