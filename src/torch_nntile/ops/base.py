@@ -242,8 +242,16 @@ def add_into(acc: torch.Tensor, part: torch.Tensor) -> None:
     acc.add_(part)
 
 
+def _add_into_typed(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...],
+                    dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple[float, ...]] | None:
+    """Integer tiles (the partial sums of a tiled integer reduction): a typed map that
+    reads the accumulator, buffer 0. Float32 ones are the program below."""
+    return native.CALLS[torch.add]((native.Ref(0), native.Ref(1)), {}, shapes, dtypes)
+
+
 ADD_INTO = Kernel(add_into)
 native.TRANSLATORS[add_into] = lambda p, params, refs: p.emit(native.ADD, native.Ref(0), refs[0])
+native.TYPED[add_into] = _add_into_typed
 
 
 LOOKAHEAD = 256  # ops scanned for independent work: bounds compile time on long graphs

@@ -45,7 +45,8 @@
      TNT_ROWS_MAP              op, ctype, otype, ndim, shape[ndim], then per operand of op:
                                type, buf, lo, hi, strides[ndim]
                                buffers: o (contiguous, of otype), then the operands' tiles (buf 1 on;
-                               buf -1: an immediate, lo and hi the 32-bit halves of an int64 for an
+                               buf 0, of otype: o's current value, in a read-write task (an
+                               accumulator); buf -1: an immediate, lo and hi the 32-bit halves of an int64 for an
                                operand read as integers, of a double's bits else). Operands (of
                                their type, read by strides in elements) are converted to ctype
                                (TNT_T_I64 for every integer and bool type, TNT_T_F32, TNT_T_F64;

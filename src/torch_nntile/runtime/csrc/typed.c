@@ -206,7 +206,8 @@ static int map_check(const int32_t *p, int nints, int nbuf)
         const int32_t *q = p + MAP_HEAD + nd + k * (MAP_FIXED + nd);
         if (q[1] == -1)
             continue;  /* an immediate */
-        if (q[0] < 0 || q[0] >= TNT_T_NTYPES || q[1] < 1 || q[1] >= nbuf
+        if (q[0] < 0 || q[0] >= TNT_T_NTYPES || q[1] < 0 || q[1] >= nbuf
+            || (q[1] == 0 && q[0] != otype)  /* the output's current value: read as what it holds */
             || (read_as(op, k, ctype) == TNT_T_I64 && !is_integer(q[0])))  /* floats never become integers */
             return -1;
     }
