@@ -1,6 +1,9 @@
 """What the step benchmarks (``mlp_step.py``, ``gpt2_step.py``) share: timing the two
 sides in alternating blocks, the arithmetic floor and the peak resident memory.
 
+Every timed block and floor product starts after a pause (``SETTLE_S``), so that it
+does not share the cores with the previous block's spinning threads.
+
 Arithmetic floor: a step's multiply-add count (counted by each benchmark from its model's
 shapes) over the rate of ``torch.mm`` on all cores, measured in the same process: the
 time the step would take if it were nothing but matrix products running as fast as
@@ -38,6 +41,12 @@ import torch_nntile
 Step = Callable[[], float]
 _RSS_LINE = "rss-side peak MiB:"
 BEST_OF = 10  # products timed one after the other before the steps, for the best-of floor line
+# Pause before each timed block and probe: torch's OpenMP team (libgomp here) spins on
+# a core for about 10 ms after its last parallel region, which would take that core
+# from the next block's start; that is eager's block or the probe before every nntile
+# block, and never the other way (StarPU's idle workers sleep). Seen here: the team's
+# thread used 1.5 ms of CPU per nntile step of a block of 5 without the pause, 0 with it.
+SETTLE_S = 0.05
 
 
 def mm_probe(n: int = 2048) -> Callable[[], float]:
@@ -64,6 +73,7 @@ def mm_rate(probe: Callable[[], float], reps: int = BEST_OF) -> float:
 def timed_block(step: Step, n: int, on_nntile: bool) -> float:
     """Seconds per step over ``n`` consecutive steps, all their work finished: on nntile
     ``loss.item()`` returns before the step's backward and update are done."""
+    time.sleep(SETTLE_S)
     t0 = time.perf_counter()
     for _ in range(n):
         step()
@@ -85,6 +95,7 @@ def alternate(cpu_step: Step, dev_step: Step, steps: int, block: int,
         for times, step, on_nntile in sides if i % 2 == 0 else sides[::-1]:
             times.append(timed_block(step, block, on_nntile))
         if probe is not None:
+            time.sleep(SETTLE_S)
             rates.append(probe())
     return cpu_t, dev_t, rates
 
