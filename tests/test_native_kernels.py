@@ -616,6 +616,73 @@ def test_large_softmax_rows_shared(log, dim):
         assert torch.equal(fn(xn.detach(), dim).cpu(), first)
 
 
+def _ew_cases() -> dict[str, tuple]:
+    """Programs that walk their tiles each way ew.c knows: one contiguous run with a
+    partial last block, long rows beside a broadcast (several blocks a row), short rows
+    gathered several to a block, a transposed read, a bool mask, several results
+    (stores), an in-place update (the output read), a 0-dim and an empty tile."""
+    g = torch.Generator().manual_seed(11)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    def two_results(x, y):
+        a = (x * 1.5 + y).tanh()
+        return a, a * y - x
+
+    def inplace(x, y):
+        z = x * 1.0
+        z.add_(y.sigmoid(), alpha=-0.5)
+        return z
+
+    return {
+        "contiguous": (lambda x: F.gelu(x * 0.7 - 0.2, approximate="tanh"), [r(7, 333)]),
+        "long_rows_broadcast": (lambda x, b: (x + b).exp() * b, [r(37, 700), r(700)]),
+        "short_rows": (lambda x, b: x * b - (x / (b.abs() + 1)), [r(100, 33), r(100, 1)]),
+        "transposed": (lambda x, y: x.t() * 2 + y, [r(300, 40), r(40, 300)]),
+        "bool_mask": (lambda x, m: x * m * 2.0, [r(9, 530), r(9, 530) > 0]),
+        "two_results": (two_results, [r(13, 400), r(13, 400)]),
+        "inplace": (inplace, [r(21, 260), r(21, 260)]),
+        "zero_dim": (lambda x: x.exp() + 1, [torch.tensor(0.75)]),
+        "empty": (lambda x: x.exp() + 1, [r(0, 40)]),
+    }
+
+
+@pytest.mark.parametrize("tiles", [None, "uneven"])
+@pytest.mark.parametrize("case", list(_ew_cases()))
+def test_elementwise_programs_in_two_parts(python_tasks, case, tiles):
+    """An elementwise program in two parts gives the bits it gives whole, every time,
+    whoever ran which part; and CPU's values."""
+    fn, args = _ew_cases()[case]
+
+    held = []  # results stay alive: their tiles are not reused, only the NaN ones of run(nan)
+
+    def run(args=args):
+        outs = fn(*(_dev(a, [a.shape[0] // 3 + 1, a.shape[0] - a.shape[0] // 3 - 1])
+                    if tiles and a.dim() and a.shape[0] > 2 else _dev(a) for a in args))
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        if args is not nan:
+            held.append(outs)
+        return [o.cpu() for o in outs]
+
+    nan = [torch.full_like(a, math.nan) if a.is_floating_point() else a for a in args]
+
+    whole = run()
+    want = fn(*args)
+    for got, w in zip(whole, want if isinstance(want, tuple) else (want,)):
+        assert_close(got, w)
+    lib = SESSION_STATE.runtime().lib
+    lib.tnt_set_split_ew_cost(0.0)
+    try:
+        for _ in range(3):
+            run(nan)  # its tiles of NaN freed for the next run's results: a value no part wrote shows
+            for got, w in zip(run(), whole):
+                assert got.shape == w.shape and torch.equal(got.view(torch.int32), w.view(torch.int32)), case
+    finally:
+        lib.tnt_set_split_ew_cost(262144.0)
+    _in_c(python_tasks)
+
+
 # -- tiles of other dtypes than float32: copies, comparisons, integer maps, where, any, index --------
 
 

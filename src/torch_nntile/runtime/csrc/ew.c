@@ -235,19 +235,31 @@ static void plan_stores(const int32_t *steps, int ns, int8_t *into)
     }
 }
 
+/* The index over dims 0..nd-1 of shape of the row ``row`` (the last dim fastest). */
+static void unravel(int64_t *idx, int64_t row, const int64_t *shape, int nd)
+{
+    for (int d = nd - 1; d >= 0; d--) {
+        idx[d] = row % shape[d];
+        row /= shape[d];
+    }
+}
+
 /* Rows shorter than half a block (a head's 32 values, say): the rows of a block are
    gathered first, so the steps run once a block instead of once a row. The output is
-   contiguous, so its rows lie one after another. */
+   contiguous, so its rows lie one after another. Runs rows [first, end), first a
+   multiple of the rows a block holds. */
 static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[TNT_EW_MAXDIM],
                            const int32_t *offsets, const int32_t *types, const int32_t *steps, int ns,
-                           float (*cval)[BLOCK], const int8_t *into, void *const *bufs, int64_t outer)
+                           float (*cval)[BLOCK], const int8_t *into, void *const *bufs, int64_t first,
+                           int64_t end)
 {
     int64_t inner = shape[nd - 1];
     int64_t rows = BLOCK / inner;
-    int64_t idx[TNT_EW_MAXDIM] = {0};
+    int64_t idx[TNT_EW_MAXDIM];
     const float *src[TNT_EW_CONST];
-    for (int64_t o0 = 0; o0 < outer; o0 += rows) {
-        int64_t r = outer - o0 < rows ? outer - o0 : rows;
+    unravel(idx, first, shape, nd - 1);
+    for (int64_t o0 = first; o0 < end; o0 += rows) {
+        int64_t r = end - o0 < rows ? end - o0 : rows;
         float *out = (float *)bufs[0] + o0 * inner;
         for (int64_t k = 0; k < r; k++) {
             for (int b = 1; b < nb; b++)
@@ -264,7 +276,25 @@ static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[
     }
 }
 
+int64_t tnt_ew_cost(const int32_t *prog)
+{
+    int nb = prog[0], nd = prog[1];
+    int64_t total = 1;
+    for (int d = 0; d < nd; d++)
+        total *= prog[2 + d];
+    const int32_t *steps = prog + 2 + nd + nb * nd + 2 * nb + 1;
+    int ns = steps[-1];
+    if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1 && prog[2 + nd + nb * nd + nb + 1] == TNT_EW_F32)
+        return 0;  /* a permutation or strided view: one strided copy, run whole */
+    return total * ns;
+}
+
 void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
+{
+    tnt_ew_run_part(prog, consts, bufs, 0, 1);
+}
+
+void tnt_ew_run_part(const int32_t *prog, const double *consts, void *const *bufs, int part, int nparts)
 {
     int nb = prog[0], nd = prog[1];
     int64_t shape[TNT_EW_MAXDIM], str[TNT_EW_CONST][TNT_EW_MAXDIM];
@@ -280,8 +310,9 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
     const int32_t *offsets = prog + 2 + nd + nb * nd, *types = offsets + nb, *steps = types + nb + 1;
     int ns = steps[-1];
     if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1 && types[1] == TNT_EW_F32) {
-        /* a permutation, a strided view */
-        tnt_copy_strided(sizeof(float), nd, shape, str, bufs[0], (const float *)bufs[1] + offsets[1]);
+        /* a permutation, a strided view (tnt_ew_cost 0: never split) */
+        if (part == 0)
+            tnt_copy_strided(sizeof(float), nd, shape, str, bufs[0], (const float *)bufs[1] + offsets[1]);
         return;
     }
     nd = tnt_collapse(nd, nb, shape, str);
@@ -301,18 +332,28 @@ void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
     }
     int8_t into[TNT_EW_MAXSTEPS];
     plan_stores(steps, ns, into);
+    /* The work is split in units the whole run walks too (a block of short rows, or a
+       block of a row), so every element meets the same code either way. */
     int64_t inner = shape[nd - 1], outer = total / inner;
     if (inner < BLOCK / 2 && outer > 1) {
-        run_short_rows(nb, nd, shape, str, offsets, types, steps, ns, cval, into, bufs, outer);
+        int64_t rows = BLOCK / inner, units = (outer + rows - 1) / rows;
+        int64_t first = units * part / nparts * rows, end = units * (part + 1) / nparts * rows;
+        run_short_rows(nb, nd, shape, str, offsets, types, steps, ns, cval, into, bufs, first,
+                       end < outer ? end : outer);
         return;
     }
-    int64_t idx[TNT_EW_MAXDIM] = {0};
+    int64_t nblk = (inner + BLOCK - 1) / BLOCK, units = outer * nblk;
+    int64_t u = units * part / nparts, end = units * (part + 1) / nparts;
+    int64_t o = u / nblk, jb = u % nblk;
+    int64_t idx[TNT_EW_MAXDIM];
     const float *src[TNT_EW_CONST];
-    for (int64_t o = 0; o < outer; o++) {
+    unravel(idx, o, shape, nd - 1);
+    for (; u < end; o++, jb = 0) {
         int64_t off[TNT_EW_CONST];
         for (int b = 0; b < nb; b++)
             off[b] = tnt_offset_of(offsets[b], idx, str[b], nd - 1);
-        for (int64_t j0 = 0; j0 < inner; j0 += BLOCK) {
+        for (; jb < nblk && u < end; jb++, u++) {
+            int64_t j0 = jb * BLOCK;
             int n = (int)(inner - j0 < BLOCK ? inner - j0 : BLOCK);
             for (int b = 1; b < nb; b++) {
                 int64_t s = str[b][nd - 1];

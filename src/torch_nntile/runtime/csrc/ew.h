@@ -63,4 +63,12 @@ int tnt_ew_check(const int32_t *prog, int nints, int nconst, int nbuf);
 /* Runs a checked program over the task's buffers. */
 void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs);
 
+/* Runs part ``part`` of ``nparts`` of it: whole blocks as tnt_ew_run walks them, so the
+   parts together write exactly what one run writes, whichever thread runs each. */
+void tnt_ew_run_part(const int32_t *prog, const double *consts, void *const *bufs, int part, int nparts);
+
+/* Element-steps of a checked program (its elements times its steps), the measure of
+   whether it is worth splitting; 0 for one that runs whole (a strided copy). */
+int64_t tnt_ew_cost(const int32_t *prog);
+
 #endif

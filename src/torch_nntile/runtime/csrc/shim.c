@@ -497,19 +497,26 @@ static int tnt_gemm_split(struct tnt_gemm_part *p, struct tnt_gemm_part *rest)
     return 1;
 }
 
-/* Work a second worker may take (tnt_share): a part of a product (rows_kind 0), or
-   rows of a row-wise kernel (rows.h). */
+/* Work a second worker may take (tnt_share): a part of a product (rows_kind 0), a
+   part of an elementwise program (TNT_JOB_EW), or rows of a row-wise kernel (rows.h). */
+#define TNT_JOB_EW (-1)
 struct tnt_job {
     int rows_kind;
     struct tnt_gemm_part gemm;
     int32_t p[4];
     void *bufs[3];
+    const int32_t *prog;  /* TNT_JOB_EW: the program, its constants, its buffers, the part (of 2) */
+    const double *consts;
+    void *const *ptrs;
+    int part;
 };
 
 static void tnt_job_run(const struct tnt_job *j)
 {
     if (j->rows_kind == 0) {
         tnt_gemm_run(&j->gemm);
+    } else if (j->rows_kind == TNT_JOB_EW) {
+        tnt_ew_run_part(j->prog, j->consts, j->ptrs, j->part, 2);
     } else {
         int64_t bad[3];
         tnt_rows_run(j->rows_kind, j->p, NULL, j->bufs, bad);
@@ -625,6 +632,30 @@ static int tnt_softmax_shared(int kind, const int32_t *p, void *const *ptrs)
     return 1;
 }
 
+/* Elementwise programs of at least this many element-steps (elements times steps)
+   run in two parts (tnt_ew_shared): about 50-100 us of one core. */
+static double tnt_split_ew_cost = 262144.0;
+void tnt_set_split_ew_cost(double cost) { tnt_split_ew_cost = cost; }
+
+/* Runs a large elementwise program in two parts, the second maybe on another worker
+   (tnt_share), and returns 1; else runs nothing (0). Always split the same way, like
+   products: whole blocks either way, so its values never depend on timing. ``ptrs``
+   stays valid: tnt_share returns once both parts ran. */
+static int tnt_ew_shared(const int32_t *prog, const double *consts, void *const *ptrs)
+{
+    int64_t cost = tnt_ew_cost(prog);
+    if (cost == 0 || (double)cost < tnt_split_ew_cost)
+        return 0;
+    struct tnt_job mine = {0}, rest = {0};
+    mine.rows_kind = rest.rows_kind = TNT_JOB_EW;
+    mine.prog = rest.prog = prog;
+    mine.consts = rest.consts = consts;
+    mine.ptrs = rest.ptrs = ptrs;
+    rest.part = 1;
+    tnt_share(&mine, &rest);
+    return 1;
+}
+
 static void tnt_gemm_func(void *buffers[], void *cl_arg)
 {
     const struct tnt_gemm_args *a = cl_arg;
@@ -699,8 +730,10 @@ static void tnt_ew_func(void *buffers[], void *cl_arg)
     int rc = TNT_ROWS_OK;
     int64_t bad[3] = {0, 0, 0};
     if (!tnt_skip_kernels) {
-        if (prog[0] == 0)
-            tnt_ew_run(prog + 1, consts, ptrs);
+        if (prog[0] == 0) {
+            if (!tnt_ew_shared(prog + 1, consts, ptrs))
+                tnt_ew_run(prog + 1, consts, ptrs);
+        }
         else if (!tnt_softmax_shared(prog[0], prog + 1, ptrs))
             rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, bad);
     }

@@ -34,6 +34,7 @@ void tnt_set_abandon(int64_t failure);
 int tnt_wait_all(void);
 void tnt_host_waiting(int change);
 void tnt_set_split_macs(double macs);
+void tnt_set_split_ew_cost(double cost);
 void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip);
 void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute);
 size_t tnt_pack_size(int m, int n, int k);
