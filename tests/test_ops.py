@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import assert_close, check_op
 
 import torch_nntile
+from torch_nntile.kernels import PackB
 
 torch.manual_seed(0)
 A = torch.randn(12, 10)
@@ -104,17 +105,19 @@ def test_matmul_both_kernel_paths(name, dtype, gemm_path):
 
 
 @pytest.mark.parametrize("rows, ktiles, packs, ta, tb", [
-    ([16, 16, 16, 16], [256], 1, False, False),  # one B tile, shared by 4 row tiles
-    ([16, 16, 16, 16], [128, 128], 2, False, False),  # one per K tile
-    ([20, 20, 24], [256], 1, False, False),  # only the two rows of height 20 share a pack
-    ([16, 16, 16, 16], [128, 128], 2, True, False),  # A stored transposed
-    ([16, 16, 16, 16], [256], 0, False, True),  # B transposed: 64 rows do not pay for its pack
-    ([1024, 1024], [256], 1, False, True),  # 2048 rows do
+    # packs: (with MKL's packing, with the shim's own: Runtime.own_sgemm)
+    ([16, 16, 16, 16], [256], (1, 1), False, False),  # one B tile, shared by 4 row tiles
+    ([16, 16, 16, 16], [128, 128], (2, 2), False, False),  # one per K tile
+    ([20, 20, 24], [256], (1, 1), False, False),  # MKL: only the two rows of height 20 share a pack
+    ([16, 16, 16, 16], [128, 128], (2, 2), True, False),  # A stored transposed
+    ([16, 16, 16, 16], [256], (0, 1), False, True),  # B transposed: MKL's pack does not pay for 64 rows
+    ([1024, 1024], [256], (1, 1), False, True),  # for 2048 rows it does
+    ([40], [256], (0, 0), False, False),  # a single row tile: nothing to share
 ])
 def test_shared_operand_packed_once(rows, ktiles, packs, ta, tb, gemm_path):
     """A large B tile that several row tiles multiply is packed once per compile (native
-    path), a transposed one only for 2048 rows or more; results match CPU PyTorch
-    forward and backward either way."""
+    path; with MKL's packing, a transposed one only for 2048 rows or more); results
+    match CPU PyTorch forward and backward either way."""
     x, w = torch.randn(sum(rows), 256), torch.randn(512, 256)
     if ta:
         x = x.t().contiguous()  # stored K x M, used transposed
@@ -138,7 +141,50 @@ def test_shared_operand_packed_once(rows, ktiles, packs, ta, tb, gemm_path):
     assert_close(y.cpu(), fn(x, w))
     torch_nntile.wait()
     products = len(rows) * len(ktiles)
-    assert torch_nntile.metrics()["kernels"]["mm"]["tasks"] == products + (packs if gemm_path else 0)
+    want = packs[int(torch_nntile.session.SESSION_STATE.runtime().own_sgemm)] if gemm_path else 0
+    assert torch_nntile.metrics()["kernels"]["mm"]["tasks"] == products + want
+
+
+@pytest.mark.parametrize("rows, k, ktiles, n, ta, tb", [
+    ([5, 13], 2100, None, 33, False, False),  # rows not a multiple of 12, k in three blocks
+    ([12, 12, 1], 8500, [4000, 4500], 17, False, True),  # 17 columns: a part-filled panel; K tiles
+    ([40, 24], 700, None, 100, True, False),  # A stored transposed
+    ([40, 24], 700, None, 100, True, True),
+    ([7, 9], 128, None, 513, False, True),  # 513 columns: the last panel holds one
+    ([64, 64], 1024, None, 256, False, True),  # whole 16 x 16 transposes only
+])
+def test_packed_products_edges(rows, k, ktiles, n, ta, tb):
+    """Products on a B tile packed once (with the shim's own kernels, every edge of
+    their 12 x 32 blocks and 1024-deep k blocks; else MKL's): CPU's values; addmm's
+    alpha (applied when packing), beta 0 (its bias never read: NaN ignored) and beta 1."""
+    torch.manual_seed(3)
+    m = sum(rows)
+    a = torch.randn(k, m) if ta else torch.randn(m, k)
+    b = torch.randn(n, k) if tb else torch.randn(k, n)
+    bias = torch.randn(m, n)
+    nan_bias = torch.full((m, n), float("nan"))
+
+    def fns(a, b, bias, nan_bias):
+        x, y = (a.t() if ta else a), (b.t() if tb else b)
+        return x @ y, torch.addmm(bias, x, y, alpha=2.0), torch.addmm(nan_bias, x, y, beta=0)
+
+    an = a.to("nntile")
+    name = f"edges_{len(rows)}_{k}_{n}_{ta}_{tb}"
+    torch_nntile.set_axis_group_name(an, {int(ta): name})
+    torch_nntile.set_axis_group_tiling(name, rows)
+    if ktiles is not None:
+        torch_nntile.set_axis_group_name(an, {1 - int(ta): name + "_k"})
+        torch_nntile.set_axis_group_tiling(name + "_k", ktiles)
+    torch_nntile.execute()
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    got = fns(an, b.to("nntile"), bias.to("nntile"), nan_bias.to("nntile"))
+    torch_nntile.compile_graph()
+    packs = sum(type(t[0]) is PackB for t in torch_nntile.session.SESSION_STATE.compiled.tasks)
+    for g, w in zip(got, fns(a, b, bias, nan_bias)):
+        assert_close(g.cpu(), w)
+    if torch_nntile.session.SESSION_STATE.runtime().own_sgemm:
+        assert packs == 3 * len(ktiles or [k])  # one a K tile and op: B is packed
 
 
 VIEWS = {

@@ -116,8 +116,9 @@ class Gemm:
 
 class PackB:
     """Packs a float32 B operand (k x n; stored n x k when ``tb``), scaled by ``alpha``,
-    into the BLAS's internal layout for products with ``m`` rows, so that products
-    sharing it skip their own packing. Native only: the layout is the BLAS's secret."""
+    into the layout of the kernels that run the packed products (the shim's own, for
+    any row count; else the BLAS's internal one for products with ``m`` rows), so that
+    products sharing it skip their own packing. Native only."""
 
     __slots__ = ("tb", "m", "n", "k", "alpha")
 

@@ -15,11 +15,13 @@ from torch_nntile.ops.base import Op, input_index, record, reduce_into, split_ch
 from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
 
 PACK_MIN = 1 << 16  # elements of a B tile worth packing once for several products
-PACK_T_ROWS = 2048  # rows of the products a transposed B tile must feed to be packed once
+PACK_T_ROWS = 2048  # with MKL's packing: rows of the products a transposed B tile must feed
 # (MKL packs a transposed [1024, 1024] B in 1.3-1.5 ms, a stored one in 0.35-0.4; a
 # product of 256 rows saved 0-0.1 ms by it, one of 1024 rows 0.6-1.7 ms: so the MLP's
 # forward, x @ W^T in 256-row tiles, runs faster unpacked, and an LM head's 1024-row
-# tiles packed)
+# tiles packed). The shim's own packing (Runtime.own_sgemm) transposes such a B in about
+# 0.2 ms, the same for every row height: every B tile that feeds several row tiles is
+# packed once, and its products run at 53-54 GMAC/s a core against MKL's 50-51.
 
 
 def _lower_mm(ctx: Lowering, node: OpNode) -> None:
@@ -35,6 +37,9 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
     # A B tile feeds every row of output tiles: pack it once per row-tile height that
     # several rows share, instead of inside every product.
     rows = Counter(out.tiling[0]) if out.dtype == torch.float32 else Counter()
+    own = ctx.rt.own_sgemm  # one packing serves every row height
+    if own and rows:
+        rows = Counter({m: len(out.tiling[0]) for m in rows})
     scaled = Kernel(scaled_bias, beta)
     packs: dict[tuple[tuple[int, int], int], TileArray | None] = {}
     for i, j in out.indices():
@@ -44,8 +49,8 @@ def _lower_mm(ctx: Lowering, node: OpNode) -> None:
             bidx = (j, k) if tb else (k, j)
             args = [Arg(a, (k, i) if ta else (i, k), R)]
             packed = None
-            if rows[m] > 1 and n * ksizes[k] >= PACK_MIN and (not tb or rows[m] * m >= PACK_T_ROWS):
-                packed = _packed_b(ctx, packs, b, bidx, tb, m, n, ksizes[k], alpha)
+            if rows[m] > 1 and n * ksizes[k] >= PACK_MIN and (not tb or own or rows[m] * m >= PACK_T_ROWS):
+                packed = _packed_b(ctx, packs, b, bidx, tb, 1 if own else m, n, ksizes[k], alpha)
             if packed is not None:
                 args.append(Arg(packed, (0,), R))
                 parts.append((gemm(ta, tb, alpha, False, True), gemm(ta, tb, alpha, True, True), args))

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "ew.h"
+#include "gemm.h"
 #include "rows.h"
 #include "shim.h"
 #include "typed.h"
@@ -381,6 +382,9 @@ static tnt_threads_t tnt_blas_threads;
 static tnt_packsize_t tnt_spack_size;
 static tnt_pack_t tnt_spack;
 static tnt_compute_t tnt_scompute;
+/* Packed float32 products run gemm.c's kernels (their own packed format) instead of
+   MKL's pack / compute: tnt_set_own_sgemm, where the CPU has AVX-512. */
+static int tnt_own_sgemm;
 static int tnt_skip_kernels;
 static struct starpu_codelet tnt_gemm_cl;
 static int64_t tnt_gemm_ndone;
@@ -672,14 +676,22 @@ static void tnt_gemm_func(void *buffers[], void *cl_arg)
     if (tnt_skip_kernels || a->m <= 0 || a->n <= 0) {
         /* nothing to compute */
     } else if (a->kind == TNT_PACK_B) {  /* buffers: packed (W), B as stored (R) */
-        tnt_spack(TNT_ROW_MAJOR, TNT_B_MATRIX, a->tb ? TNT_TRANS : TNT_NO_TRANS, a->m, a->n, a->k,
-                  (float)a->alpha, (const float *)STARPU_VECTOR_GET_PTR(buffers[1]),
-                  a->tb ? a->k : a->n, (float *)STARPU_VECTOR_GET_PTR(buffers[0]));
+        const float *b = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]);
+        float *packed = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+        if (tnt_own_sgemm)
+            tnt_sgemm_pack_b(a->tb, a->n, a->k, (float)a->alpha, b, a->tb ? a->k : a->n, packed);
+        else
+            tnt_spack(TNT_ROW_MAJOR, TNT_B_MATRIX, a->tb ? TNT_TRANS : TNT_NO_TRANS, a->m, a->n, a->k,
+                      (float)a->alpha, b, a->tb ? a->k : a->n, packed);
     } else if (a->kind == TNT_GEMM_PACKED_B) {  /* alpha was applied when packing */
-        tnt_scompute(TNT_ROW_MAJOR, a->ta ? TNT_TRANS : TNT_NO_TRANS, TNT_PACKED, a->m, a->n, a->k,
-                     (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), a->ta ? a->m : a->k,
-                     (const float *)STARPU_VECTOR_GET_PTR(buffers[2]), a->n, (float)a->beta,
-                     (float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->n);
+        const float *x = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]);
+        const float *packed = (const float *)STARPU_VECTOR_GET_PTR(buffers[2]);
+        float *c = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+        if (tnt_own_sgemm)
+            tnt_sgemm_packed(a->ta, a->m, a->n, a->k, x, a->ta ? a->m : a->k, packed, (float)a->beta, c, a->n);
+        else
+            tnt_scompute(TNT_ROW_MAJOR, a->ta ? TNT_TRANS : TNT_NO_TRANS, TNT_PACKED, a->m, a->n, a->k, x,
+                         a->ta ? a->m : a->k, packed, a->n, (float)a->beta, c, a->n);
     } else {  /* batch items follow each other in every tile */
         size_t item = a->dbl ? sizeof(double) : sizeof(float);
         struct tnt_gemm_part p = {
@@ -792,9 +804,17 @@ void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute)
 /* Bytes of B (k x n) packed for products with m rows; 0 when packing is unavailable. */
 size_t tnt_pack_size(int m, int n, int k)
 {
+    if (tnt_own_sgemm)
+        return tnt_sgemm_packed_floats(n, k) * sizeof(float);
     if (!tnt_spack_size || !tnt_spack || !tnt_scompute)
         return 0;
     return tnt_spack_size(TNT_B_MATRIX, m, n, k);
+}
+
+int tnt_set_own_sgemm(int on)
+{
+    tnt_own_sgemm = on && tnt_sgemm_ok();
+    return tnt_own_sgemm;
 }
 
 void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local, int skip)

@@ -1,0 +1,34 @@
+/* Single-precision products on a B operand packed once (gemm.c): the weight of a
+   layer feeds the product of every row tile of a batch, so it is packed (and, where
+   it is read transposed, transposed) once for all of them instead of inside each
+   BLAS call. AVX-512 only; tnt_sgemm_ok says whether this machine has it.
+
+   Packed layout of a logical B (k x n): per block of TNT_SGEMM_KC rows of k, per
+   panel of TNT_SGEMM_NR columns, the block's rows one after another, TNT_SGEMM_NR
+   values each (columns past n hold 0). */
+#ifndef TNT_GEMM_H
+#define TNT_GEMM_H
+
+#include <stddef.h>
+
+#define TNT_SGEMM_NR 32
+#define TNT_SGEMM_KC 1024
+
+/* 1 where the packed products can run here (the CPU has AVX-512F). */
+int tnt_sgemm_ok(void);
+
+/* Floats of a packed B of k x n. */
+size_t tnt_sgemm_packed_floats(int n, int k);
+
+/* Packs alpha * op(B), op(B) being k x n: B stored k x n (tb 0) or n x k (tb 1),
+   rows ldb apart. */
+void tnt_sgemm_pack_b(int tb, int n, int k, float alpha, const float *b, int ldb, float *bp);
+
+/* C (m x n, rows ldc apart) = beta * C + op(A) @ B, op(A) m x k: A stored m x k
+   (ta 0) or k x m (ta 1), rows lda apart; B packed by tnt_sgemm_pack_b. With beta 0
+   C is only written (its NaNs do not propagate). Each result is one sum over k in
+   order, in blocks of TNT_SGEMM_KC added to C. */
+void tnt_sgemm_packed(int ta, int m, int n, int k, const float *a, int lda, const float *bp, float beta, float *c,
+                      int ldc);
+
+#endif
