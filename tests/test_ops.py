@@ -187,6 +187,34 @@ def test_packed_products_edges(rows, k, ktiles, n, ta, tb):
         assert packs == 3 * len(ktiles or [k])  # one a K tile and op: B is packed
 
 
+@pytest.mark.parametrize("m, k, n, ta, ktiles", [
+    (100, 70, 45, False, None),  # rows and columns not multiples of the 12 x 32 blocks
+    (150, 1100, 40, True, None),  # A stored transposed; k in two blocks of 1024 and 76
+    (300, 256, 1024, True, [64, 64, 128]),  # a weight gradient's shape: K tiles accumulate (beta 1)
+    (70, 1024, 4100, False, None),  # B too large for a thread's buffer: MKL's sgemm
+])
+def test_unpacked_products_own_kernels(m, k, n, ta, ktiles):
+    """Float32 products whose B (read as stored) feeds one row tile run the shim's own
+    kernels with B packed in the call: CPU's values, and the same bits every run."""
+    torch.manual_seed(4)
+    a = torch.randn(k, m) if ta else torch.randn(m, k)
+    b = torch.randn(k, n)
+
+    def fn(a, b):
+        return (a.t() if ta else a) @ b
+
+    an = a.to("nntile")
+    if ktiles is not None:
+        name = f"own_k_{m}_{k}_{n}"
+        torch_nntile.set_axis_group_name(an, {0 if ta else 1: name})
+        torch_nntile.set_axis_group_tiling(name, ktiles)
+    bn = b.to("nntile")
+    first = fn(an, bn).cpu()
+    assert_close(first, fn(a, b))
+    for _ in range(2):
+        assert torch.equal(fn(an, bn).cpu(), first)
+
+
 VIEWS = {
     "view": lambda a: a.view(4, 30) * 2,
     "reshape": lambda a: a.reshape(120) + 1,

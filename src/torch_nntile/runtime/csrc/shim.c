@@ -452,6 +452,14 @@ struct tnt_gemm_part {
     double alpha, beta;
 };
 
+/* Whether a float32 product (or part) runs gemm.c's kernels with B packed in the call:
+   where B is read as stored (packing it is a copy) and the product is large enough.
+   Decided by shape alone, so the same values every run. */
+static int tnt_own_worth(const struct tnt_gemm_part *p)
+{
+    return tnt_own_sgemm && p->opy == 'N' && p->m >= 64 && p->n >= 32 && p->k >= 64;
+}
+
 static void tnt_gemm_run(const struct tnt_gemm_part *p)
 {
     char *c = p->c, *x = p->x, *y = p->y;
@@ -462,6 +470,9 @@ static void tnt_gemm_run(const struct tnt_gemm_part *p)
                       &be, (double *)c, &p->ldc);
         } else {
             float al = (float)p->alpha, be = (float)p->beta;
+            if (tnt_own_worth(p) && tnt_sgemm_own(p->opx == 'T', p->opy == 'T', p->m, p->n, p->k, al, (float *)x,
+                                                  p->ldx, (float *)y, p->ldy, be, (float *)c, p->ldc))
+                continue;
             tnt_sgemm(&p->opy, &p->opx, &p->n, &p->m, &p->k, &al, (float *)y, &p->ldy, (float *)x, &p->ldx,
                       &be, (float *)c, &p->ldc);
         }
