@@ -166,7 +166,7 @@ static AVX512 void kernel(int kb, const float *ap, const float *bp, float *c, in
 /* Per-thread buffers made at first use (NULL where no memory was found): the packed A
    (TNT_MC x KC floats) and, for products whose B is packed per call, the packed B of
    one k block (at most TNT_B_FLOATS). */
-#define TNT_B_FLOATS ((size_t)4 << 20)
+#define TNT_B_FLOATS ((size_t)1 << 20)
 
 static float *a_buffer(void)
 {

@@ -33,7 +33,7 @@ void tnt_sgemm_packed(int ta, int m, int n, int k, const float *a, int lda, cons
 
 /* The same with B packed here, one k block at a time, into a buffer of this thread:
    C = beta * C + op(A) @ (alpha * op(B)). Returns 0 (nothing done) where the block's
-   packed B would not fit that buffer (4 Mi floats), else 1. */
+   packed B would not fit that buffer (1 Mi floats), else 1. */
 int tnt_sgemm_own(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                   float beta, float *c, int ldc);
 
