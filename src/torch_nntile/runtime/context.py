@@ -273,8 +273,9 @@ class Runtime:
         blas = _find_blas()
         self.lib.tnt_set_blas(*blas[:3], int(_SKIP_KERNELS))
         self.lib.tnt_set_pack(*blas[3:])
-        # Packed float32 products (a B tile shared by several row tiles) run the shim's
-        # own AVX-512 kernels where the CPU has them, else MKL's packed API.
+        # Float32 products on a B tile shared by several row tiles (packed once), and
+        # large ones on a B read as stored, run the shim's own AVX-512 kernels on AMD
+        # CPUs, where they beat MKL's; elsewhere MKL's packed API and sgemm.
         self.own_sgemm = bool(self.lib.tnt_set_own_sgemm(int(not stats.env_flag("TORCH_NNTILE_MKL_PACK"))))
         self.native_gemm = bool(blas[0] and blas[2]) and not stats.env_flag("TORCH_NNTILE_PYTHON_KERNELS")
         self._gemm_dtypes = (torch.float32, torch.float64) if blas[1] else (torch.float32,)

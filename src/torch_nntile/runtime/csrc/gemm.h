@@ -1,7 +1,8 @@
 /* Single-precision products on a B operand packed once (gemm.c): the weight of a
    layer feeds the product of every row tile of a batch, so it is packed (and, where
    it is read transposed, transposed) once for all of them instead of inside each
-   BLAS call. AVX-512 only; tnt_sgemm_ok says whether this machine has it.
+   BLAS call. For AMD CPUs with AVX-512 (where MKL's kernels lag); tnt_sgemm_ok says
+   whether this machine is one.
 
    Packed layout of a logical B (k x n): per block of TNT_SGEMM_KC rows of k, per
    panel of TNT_SGEMM_NR columns, the block's rows one after another, TNT_SGEMM_NR
@@ -14,7 +15,7 @@
 #define TNT_SGEMM_NR 32
 #define TNT_SGEMM_KC 1024
 
-/* 1 where the packed products can run here (the CPU has AVX-512F). */
+/* 1 where these kernels run here: an AMD CPU with AVX-512F. */
 int tnt_sgemm_ok(void);
 
 /* Floats of a packed B of k x n. */
