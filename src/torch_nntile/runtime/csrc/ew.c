@@ -276,17 +276,21 @@ static void run_short_rows(int nb, int nd, const int64_t *shape, int64_t (*str)[
     }
 }
 
+/* Whether a program is one float32 copy of buffer 1 (a permutation, a strided view):
+   it runs as one strided copy, whole. ``types`` and ``steps`` as tnt_ew_run_part finds them. */
+static int strided_copy(int nb, int ns, const int32_t *types, const int32_t *steps)
+{
+    return nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1 && types[1] == TNT_EW_F32;
+}
+
 int64_t tnt_ew_cost(const int32_t *prog)
 {
     int nb = prog[0], nd = prog[1];
     int64_t total = 1;
     for (int d = 0; d < nd; d++)
         total *= prog[2 + d];
-    const int32_t *steps = prog + 2 + nd + nb * nd + 2 * nb + 1;
-    int ns = steps[-1];
-    if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1 && prog[2 + nd + nb * nd + nb + 1] == TNT_EW_F32)
-        return 0;  /* a permutation or strided view: one strided copy, run whole */
-    return total * ns;
+    const int32_t *types = prog + 2 + nd + nb * nd + nb, *steps = types + nb + 1;
+    return strided_copy(nb, steps[-1], types, steps) ? 0 : total * steps[-1];
 }
 
 void tnt_ew_run(const int32_t *prog, const double *consts, void *const *bufs)
@@ -309,8 +313,7 @@ void tnt_ew_run_part(const int32_t *prog, const double *consts, void *const *buf
         return;
     const int32_t *offsets = prog + 2 + nd + nb * nd, *types = offsets + nb, *steps = types + nb + 1;
     int ns = steps[-1];
-    if (nb == 2 && ns == 1 && steps[0] == TNT_EW_COPY && steps[1] == 1 && types[1] == TNT_EW_F32) {
-        /* a permutation, a strided view (tnt_ew_cost 0: never split) */
+    if (strided_copy(nb, ns, types, steps)) {  /* tnt_ew_cost 0: never split */
         if (part == 0)
             tnt_copy_strided(sizeof(float), nd, shape, str, bufs[0], (const float *)bufs[1] + offsets[1]);
         return;

@@ -382,8 +382,9 @@ static tnt_threads_t tnt_blas_threads;
 static tnt_packsize_t tnt_spack_size;
 static tnt_pack_t tnt_spack;
 static tnt_compute_t tnt_scompute;
-/* Packed float32 products run gemm.c's kernels (their own packed format) instead of
-   MKL's pack / compute: tnt_set_own_sgemm, where the CPU has AVX-512. */
+/* Packed float32 products (and large ones on a B read as stored, tnt_own_worth) run
+   gemm.c's kernels (their own packed format) instead of MKL's: tnt_set_own_sgemm, on
+   an AMD CPU with AVX-512 (tnt_sgemm_ok). */
 static int tnt_own_sgemm;
 static int tnt_skip_kernels;
 static struct starpu_codelet tnt_gemm_cl;
