@@ -2,7 +2,8 @@
 (``tiling/csrc/structure.c``) and the graph's reference counts (``graph/csrc/refs.c``),
 both needing only Python's headers, and, where torch is
 importable at build time, the backend's C++ library: the view kernels
-(``backend/csrc/views.cpp``) and the device guard (``backend/csrc/device_guard.cpp``);
+(``backend/csrc/views.cpp``), the device guard (``backend/csrc/device_guard.cpp``)
+and the device hooks (``backend/csrc/hooks.cpp``);
 metadata is in pyproject.toml.
 
 That library is optional: a build without torch (the wheel's tools venv) leaves it
@@ -22,7 +23,8 @@ def _backend_library() -> list[Extension]:
         return []
     return [Extension(
         "torch_nntile.backend._native",
-        sources=["src/torch_nntile/backend/csrc/views.cpp", "src/torch_nntile/backend/csrc/device_guard.cpp"],
+        sources=["src/torch_nntile/backend/csrc/views.cpp", "src/torch_nntile/backend/csrc/device_guard.cpp",
+                 "src/torch_nntile/backend/csrc/hooks.cpp"],
         include_dirs=cpp_extension.include_paths(),
         library_dirs=cpp_extension.library_paths(),
         libraries=["c10", "torch_cpu"],

@@ -6,6 +6,7 @@ from torch_nntile.backend import (  # noqa: F401, I001
     aten,
     device,
     fallback,
+    serialization,
     sparse,
     table_data,
     table_elementwise,

@@ -21,9 +21,10 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import os
 
 import torch
-from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+from torch.utils.backend_registration import _DummyDeviceGuard, _DummyPrivateUse1Hook
 
 from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode
@@ -68,14 +69,77 @@ class _BackendModule:
     def set_rng_state(state: torch.Tensor, device: object = None) -> None:
         torch.set_rng_state(state)
 
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        """None yet: ``torch.autocast("nntile")`` warns and runs in the tensors' own dtypes.
+        (Autocast asks even when disabled, as ``torch.utils.checkpoint`` does on replay.)"""
+        return []
 
-def _register() -> None:
-    if torch._C._get_privateuse1_backend_name() == DEVICE:
-        return
-    _setup_privateuseone_for_python_backend(DEVICE, backend_module=_BackendModule)
+    @staticmethod
+    def set_device(device: object) -> None:  # one device: nothing to switch
+        pass
+
+    class device:  # noqa: N801  (``torch.cuda.device``'s name)
+        """``with torch.nntile.device(0):`` -- the device is always nntile:0."""
+
+        def __init__(self, device: object) -> None:
+            self.idx = 0
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *exc: object) -> bool:
+            return False
 
 
-_register()
+def _load_native() -> bool:
+    """Load the backend's C++ library beside this module, if it was built. Its static
+    registrars run on load: the view kernels (``csrc/views.cpp``), the C++ device guard
+    (``csrc/device_guard.cpp``) and the device's hooks (``csrc/hooks.cpp``: pinned
+    memory). False where it was not built (a build without torch, such as the wheel's)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    lib = next((os.path.join(here, f) for f in sorted(os.listdir(here)) if f.startswith("_native.") and f.endswith(".so")),
+               None)
+    if lib is None:
+        return False
+    torch.ops.load_library(lib)
+    return True
+
+
+def _register() -> bool:
+    """Name PrivateUse1 ``nntile`` and give it what PyTorch expects of a backend: the
+    ``torch.nntile`` module, ``Tensor.nntile()``, a device guard and hooks. The steps of
+    ``_setup_privateuseone_for_python_backend``, except that the hooks come from the C++
+    library where it was built (PyTorch takes one hooks object per process, and only C++
+    hooks can hand out pinned memory). Returns whether that library is loaded."""
+    if torch._C._get_privateuse1_backend_name() == DEVICE:  # this module imported again
+        return any(f.startswith("_native.") for f in os.listdir(os.path.dirname(os.path.abspath(__file__))))
+    torch.utils.rename_privateuse1_backend(DEVICE)
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module(DEVICE, _BackendModule)
+    if _load_native():
+        return True
+    torch._C._acc.register_python_privateuseone_hook(_DummyPrivateUse1Hook())
+    torch._C._acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())
+    _pin_in_python()
+    return False
+
+
+def _pin_in_python() -> None:
+    """Without the C++ library there is no pinned-memory allocator, and PyTorch asks the
+    current accelerator (nntile) for one on every ``Tensor.pin_memory()`` (as
+    ``DataLoader(pin_memory=True)`` does). nntile reads host memory as it is, so pinning
+    for it is a plain contiguous copy; pinning for another device type is refused by name."""
+    def pin(self: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+        if device is not None and torch.device(device).type != DEVICE:
+            raise NotImplementedError(f"torch_nntile: pinning memory for {device} needs the backend's C++ library")
+        return self.clone(memory_format=torch.contiguous_format)
+
+    _PIN_LIB.impl("_pin_memory", pin, "CPU")
+
+
+_PIN_LIB = torch.library.Library("aten", "IMPL")
+NATIVE = _register()
 _create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _AS_STRIDED_ = torch.ops.aten.as_strided_.default._handle.redispatch_boxed
@@ -339,29 +403,6 @@ def _install_printing() -> None:
 
 
 _install_printing()
-
-
-def _install_serialization() -> None:
-    """``torch.save`` pickles a storage's bytes, and ours has none: pickle nntile
-    tensors as a CPU copy that ``torch.load`` moves back to nntile (the path
-    PyTorch takes for storage-less PrivateUse1 tensors)."""
-    if getattr(torch.Tensor._reduce_ex_internal, "_nntile", False):
-        return
-    orig = torch.Tensor._reduce_ex_internal
-
-    def _reduce_ex_internal(self: torch.Tensor, proto: int):  # noqa: ANN202
-        if self.device.type == DEVICE:
-            with torch.no_grad():
-                cpu = to_cpu(self)
-            return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                    (cpu, self.dtype, str(self.device), self.requires_grad))
-        return orig(self, proto)
-
-    _reduce_ex_internal._nntile = True  # type: ignore[attr-defined]
-    torch.Tensor._reduce_ex_internal = _reduce_ex_internal  # type: ignore[method-assign]
-
-
-_install_serialization()
 
 
 def _install_deepcopy() -> None:

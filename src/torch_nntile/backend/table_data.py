@@ -3,7 +3,6 @@ views (metadata over their base's storage, in C++ where built)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 from torch_nntile.backend.aten import META, REGISTERED, Scalar, aten, check_live, defop, out_kernel, promote, register, type_name
 from torch_nntile.backend.device import (
     DEVICE,
+    NATIVE,
     cast,
     from_cpu,
     is_nntile,
@@ -307,21 +307,6 @@ _VIEWS = ("view", "_reshape_alias", "as_strided")
 """Views registered from C++ (``csrc/views.cpp``) where the backend's C++ library was built."""
 
 
-def _load_native() -> bool:
-    """Load the backend's C++ library beside this module: it registers ``_VIEWS`` and
-    installs the C++ device guard (``csrc/device_guard.cpp``) in place of the Python one.
-    False where it was not built (a build without torch): the Python view kernels below
-    register instead, and the Python guard stays."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    lib = next((os.path.join(here, f) for f in sorted(os.listdir(here)) if f.startswith("_native.") and f.endswith(".so")),
-               None)
-    if lib is None:
-        return False
-    torch.ops.load_library(lib)  # its static registrars run on load
-    REGISTERED.update(_VIEWS)
-    return True
-
-
 def _meta_view(op: Any) -> Callable[..., torch.Tensor]:
     def f(*args: Any, **kw: Any) -> torch.Tensor:
         return op.redispatch(META, *args, **kw)
@@ -339,8 +324,9 @@ def _as_strided(self: torch.Tensor, size: Any, stride: Any, storage_offset: int 
     return aten.as_strided.default.redispatch(META, self, size, stride, storage_offset)
 
 
-NATIVE = _load_native()
-if not NATIVE:
+if NATIVE:  # the backend's C++ library, loaded by ``device``, registered them
+    REGISTERED.update(_VIEWS)
+else:
     for _name in ("view", "_reshape_alias"):
         register(_name, _meta_view(getattr(aten, _name).default))
     register("as_strided", _as_strided)
