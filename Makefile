@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 export STARPU_HOME ?= $(CURDIR)/.starpu
 export STARPU_SILENT ?= 1
 
-.PHONY: setup demo test test-all test-check test-stress test-wheel wheel bench soak lint clean
+.PHONY: setup demo test test-all test-check test-stress test-wheel wheel bench bench-pages soak lint docs clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py $(wildcard src/torch_nntile/runtime/csrc/*) \
 		$(wildcard src/torch_nntile/backend/csrc/*) $(wildcard src/torch_nntile/tiling/csrc/*) \
@@ -19,7 +19,8 @@ $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q setuptools wheel cffi numpy pytest ruff pydot expecttest==0.3.0 transformers==5.24.0 \
-		scikit-learn==1.9.1 tqdm==4.70.1 matplotlib==3.11.2
+		scikit-learn==1.9.1 tqdm==4.70.1 matplotlib==3.11.2 \
+		mkdocs==1.6.1 mkdocs-material==9.8.1 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11
 	$(VPY) -m pip install -q --no-build-isolation -e .
 	touch $@
 
@@ -60,9 +61,26 @@ bench: setup
 soak: setup
 	$(VPY) benchmarks/soak.py
 
+# The documentation site (mkdocs.yml) in site/; --strict fails on a broken link or a page
+# missing from the nav. The API reference is read from src/ statically (nothing is imported).
+# The Benchmarks page must be what benchmarks/results/*.json generate (bench-pages).
+docs: setup
+	$(VPY) benchmarks/report_pages.py --check
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict --site-dir site
+
+# Measure the benchmarks into benchmarks/results/*.json, one at a time, then regenerate
+# the Benchmarks page's table and plots (docs/benchmarks.md, docs/img/bench-*.png) from them.
+bench-pages: setup
+	$(VPY) benchmarks/mlp_step.py --json benchmarks/results/mlp_step.json
+	$(VPY) benchmarks/mlp_step.py --capture --json benchmarks/results/mlp_step-capture.json
+	$(VPY) benchmarks/gpt2_step.py --json benchmarks/results/gpt2_step.json
+	$(VPY) benchmarks/gpt2_step.py --capture --json benchmarks/results/gpt2_step-capture.json
+	$(VPY) benchmarks/gpt2_step.py --size medium --json benchmarks/results/gpt2_step-medium.json
+	$(VPY) benchmarks/report_pages.py
+
 lint: setup
-	$(VPY) -m ruff check src tests benchmarks examples scripts
+	$(VPY) -m ruff check src tests benchmarks examples scripts docs/scripts
 
 clean:
-	rm -rf $(VENV) build dist .starpu src/*.egg-info src/torch_nntile/runtime/_shim* \
+	rm -rf $(VENV) build dist site .starpu src/*.egg-info src/torch_nntile/runtime/_shim* \
 		src/torch_nntile/backend/_native* src/torch_nntile/backend/_views* src/torch_nntile/tiling/_structure* src/torch_nntile/graph/_refs*

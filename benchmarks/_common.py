@@ -21,11 +21,20 @@ and the same StarPU context, runs the warm-up steps, resets the kernel's high-wa
 them, nothing subtracted. In one process the two sides' models, optimizer states and
 allocator caches would sit in both figures; separate processes keep them apart and keep
 the timed steps free of any sampling.
+
+Results as JSON (``--json PATH``): one object with the run's options, the machine, the
+step times of every block and the figures printed (``write_result``), so that the pages
+of ``docs/`` are made from measurements (``report_pages.py``), not copied by hand.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
 import re
 import resource
 import statistics
@@ -33,6 +42,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -106,6 +117,7 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rss-steps", type=int, default=3,
                     help="steps after warm-up in each side's own process for the peak RSS (0: skip it)")
     ap.add_argument("--rss-side", choices=["cpu", "nntile"], help=argparse.SUPPRESS)  # internal: one side's process
+    ap.add_argument("--json", metavar="PATH", help="also write the run's options, machine and figures to PATH as JSON")
 
 
 def _reset_peak() -> bool:
@@ -159,9 +171,10 @@ def peak_rss(script: str, argv: list[str]) -> tuple[float, float, str]:
 
 
 def print_figures(macs: int, rates: list[float], best: float, mm_size: int, cpu_med: float, dev_med: float,
-                  rss: tuple[float, float, str] | None, rss_steps: int) -> None:
-    """The floor, nntile/floor and peak RSS lines (step times in seconds; ``rates`` timed
-    between the blocks, ``best`` before the steps); the caller prints the ratio line last."""
+                  rss: tuple[float, float, str] | None, rss_steps: int) -> dict[str, Any]:
+    """Print the floor, nntile/floor and peak RSS lines (step times in seconds; ``rates``
+    timed between the blocks, ``best`` before the steps; the caller prints the ratio line
+    last) and return the same figures, unrounded, for ``write_result``."""
     rate = statistics.median(rates)
     floor, peak = macs / rate, macs / best
     print(f"floor ms: {floor * 1e3:.2f} ({macs / 1e9:.3f} GMAC a step at {rate / 1e9:.1f} GMAC/s, the median of "
@@ -170,8 +183,109 @@ def print_figures(macs: int, rates: list[float], best: float, mm_size: int, cpu_
     print(f"nntile/floor: {dev_med / floor:.2f}")
     print(f"floor at the best of {BEST_OF} products before the steps: {peak * 1e3:.2f} ms ({best / 1e9:.1f} GMAC/s; "
           f"nntile/floor {dev_med / peak:.2f}, cpu/floor {cpu_med / peak:.2f})")
+    figures: dict[str, Any] = {
+        "floor": {"ms": floor * 1e3, "gmac": macs / 1e9, "rate_gmac_s": rate / 1e9,
+                  "rates_gmac_s": [r / 1e9 for r in rates], "mm_size": mm_size,
+                  "nntile_over_floor": dev_med / floor, "cpu_over_floor": cpu_med / floor},
+        "best_floor": {"ms": peak * 1e3, "products": BEST_OF, "rate_gmac_s": best / 1e9,
+                       "nntile_over_floor": dev_med / peak, "cpu_over_floor": cpu_med / peak},
+        "rss": None,
+    }
     if rss is not None:
         cpu_mib, dev_mib, what = rss
         print(f"peak rss MiB: cpu {cpu_mib:.1f} nntile {dev_mib:.1f} (nntile/cpu {dev_mib / cpu_mib:.2f}; "
               f"each side in its own process, VmHWM over {rss_steps} steps {what}, nothing subtracted)")
+        figures["rss"] = {"cpu_mib": cpu_mib, "nntile_mib": dev_mib, "nntile_over_cpu": dev_mib / cpu_mib,
+                          "steps": rss_steps, "covers": what}
+    return figures
 
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def starpu_version() -> str:
+    """The version of the libstarpu this process has loaded (``starpu_get_version``): the
+    package has no call that reports it, and the library the shim links against at run
+    time is the one that counts, not the headers it was built with. Call it after
+    ``init_context``, which loads the shim."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[-1] for ln in f if "/libstarpu-" in ln})
+        lib = ctypes.CDLL(paths[0])  # already mapped: this only finds its handle
+        v = [ctypes.c_int() for _ in range(3)]
+        lib.starpu_get_version(*(ctypes.byref(x) for x in v))
+        return ".".join(str(x.value) for x in v)
+    except (OSError, IndexError, AttributeError):
+        return "unknown"
+
+
+def _commit() -> str | None:
+    """The checkout's short commit, ``-dirty`` when tracked files differ from it; None outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30)
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def machine_facts(ncpu: int) -> dict[str, Any]:
+    """What a step time depends on besides the code: the CPU, its cores, the libraries'
+    versions and the thread counts of the two sides."""
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
+            "torch": torch.__version__, "torch_nntile": torch_nntile.__version__, "starpu": starpu_version(),
+            "python": platform.python_version(), "torch_threads": torch.get_num_threads(), "starpu_workers": ncpu}
+
+
+def utc_now() -> str:
+    """The current time in UTC as ISO 8601, to the second."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def write_result(path: str, benchmark: str, args: argparse.Namespace, date: str, wall_s: float, block: int,
+                 cpu_t: list[float], dev_t: list[float], figures: dict[str, Any], **extra: Any) -> None:
+    """Write one run as a JSON object (``--json``): step times in ms (the median and every
+    block's per-step time), the figures of ``print_figures`` and what ``extra`` adds.
+    ``wall_s`` is the run from its options to here; ``load_avg`` the machine's load
+    averages (1, 5, 15 minutes) at the end, this run included, a hint of how shared the
+    cores were."""
+    def side(times: list[float]) -> dict[str, Any]:
+        return {"median_ms": statistics.median(times) * 1e3, "block_ms": [t * 1e3 for t in times]}
+
+    rss = figures.get("rss")
+    record = {
+        "schema": 1,
+        "benchmark": benchmark,
+        "argv": sys.argv[1:],
+        "options": {k: v for k, v in sorted(vars(args).items()) if k not in ("rss_side", "json")},
+        "date": date,
+        "wall_s": wall_s,
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "commit": _commit(),
+        "machine": machine_facts(args.ncpu),
+        "steps": len(cpu_t) * block,
+        "block": block,
+        "cpu": side(cpu_t) | {"peak_rss_mib": rss["cpu_mib"] if rss else None},
+        "nntile": side(dev_t) | {"peak_rss_mib": rss["nntile_mib"] if rss else None},
+        "ratio": statistics.median(dev_t) / statistics.median(cpu_t),
+        **figures,
+        **extra,
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    print(f"results written to {path}")

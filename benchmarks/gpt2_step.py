@@ -17,7 +17,9 @@ consecutive steps, the nntile block ending with ``torch_nntile.wait()``; blocks 
 two sides alternate (which side goes first swaps every block) so that machine noise
 hits both alike. Prints the median step time of each (warm-up excluded), the arithmetic
 floor (``floor ms``, ``nntile/floor``), each side's peak resident memory (``peak rss
-MiB``, each side in its own process: see ``_common.py``) and, last, ``ratio nntile/cpu``.
+MiB``, each side in its own process: see ``_common.py``) and, last, ``ratio nntile/cpu``;
+``--json PATH`` also writes all of it, with every block's time, the options and the
+machine, as one JSON object (``report_pages.py`` makes the docs' Benchmarks page from it).
 
 Multiply-adds of a step (batch b, sequence s, n_embd E, heads h of size d = E / h,
 vocabulary V, L layers): per layer the qkv projection b*s*E*3E, the output projection
@@ -59,11 +61,12 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
 import transformers as hf
-from _common import add_common_args, alternate, mm_probe, mm_rate, peak_rss, print_figures, rss_side
+from _common import add_common_args, alternate, mm_probe, mm_rate, peak_rss, print_figures, rss_side, utc_now, write_result
 
 import torch_nntile
 
@@ -172,6 +175,7 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.0, help="HF's dropout probabilities (default 0: none)")
     add_common_args(ap)
     args = ap.parse_args()
+    date, t_start = utc_now(), time.perf_counter()
     preset = dataclasses.replace(PRESETS[args.size], attn=args.attn, seq=args.seq or PRESETS[args.size].seq,
                                  dropout=args.dropout)
     steps = preset.steps if args.steps is None else args.steps
@@ -201,23 +205,28 @@ def main() -> None:
     cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
     nsteps = len(cpu_t) * args.block
     tiled = ", ".join(f"{k} {v}" for k, v in tilings.items() if v is not None) or "untiled"
-    print(f"GPT-2 {args.size}: {preset.n_layer} layers, n_embd {preset.n_embd}, {preset.n_head} heads, "
-          f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW{' (fused)' if args.fused else ''}, "
-          f"{preset.attn} attention")
+    model = (f"GPT-2 {args.size}: {preset.n_layer} layers, n_embd {preset.n_embd}, {preset.n_head} heads, "
+             f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW{' (fused)' if args.fused else ''}, "
+             f"{preset.attn} attention")
+    print(model)
     print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
     print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
     captured = "; captured" if args.capture else ""
     print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block}; {tiled}"
           f"{captured})")
-    fallbacks = torch_nntile.fallback_counts()
+    fallbacks = {op: n / nsteps for op, n in sorted(torch_nntile.fallback_counts().items())}
     if fallbacks:
-        per_step = ", ".join(f"{op} {n / nsteps:g}" for op, n in sorted(fallbacks.items()))
-        print(f"CPU fallback ops per nntile step: {per_step}")
+        print(f"CPU fallback ops per nntile step: {', '.join(f'{op} {n:g}' for op, n in fallbacks.items())}")
+    report = None
     if args.report:
-        print(torch_nntile.format_info())
-        print(torch_nntile.metrics_report())
+        report = f"{torch_nntile.format_info()}\n{torch_nntile.metrics_report()}"
+        print(report)
     rss = peak_rss(sys.argv[0], sys.argv[1:]) if args.rss_steps > 0 else None
-    print_figures(step_macs(preset), rates, rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
+    figures = print_figures(step_macs(preset), rates, rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
+    if args.json:
+        write_result(args.json, "gpt2_step", args, date, time.perf_counter() - t_start, args.block, cpu_t, dev_t,
+                     figures, model=model, tiling=tiled, captured=args.capture, report=report,
+                     loss_after_warmup={"cpu": want, "nntile": got}, fallback_ops_per_step=fallbacks)
     print(f"ratio nntile/cpu: {dev_med / cpu_med:.2f}")
     torch_nntile.shutdown_context()
 

@@ -9,7 +9,9 @@ time over the block size. Blocks alternate between the two sides so that machine
 noise hits both alike. Prints the median step time of each (warm-up excluded), the
 arithmetic floor (``floor ms``, ``nntile/floor``), the peak resident memory of each
 side (``peak rss MiB``, each side in its own process: see ``_common.py``) and, last,
-``ratio nntile/cpu``.
+``ratio nntile/cpu``. ``--json PATH`` also writes all of it, with every block's time,
+the options and the machine, as one JSON object (``report_pages.py`` makes the docs'
+Benchmarks page from such files).
 
 Multiply-adds of a step, from the weights' shapes (``W_i`` is ``d_{i+1} x d_i``, batch
 ``b``): forward ``b * sum_i d_i * d_{i+1}``; backward twice that (grad input and grad
@@ -22,10 +24,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
-from _common import add_common_args, alternate, mm_probe, mm_rate, peak_rss, print_figures, rss_side
+from _common import add_common_args, alternate, mm_probe, mm_rate, peak_rss, print_figures, rss_side, utc_now, write_result
 
 import torch_nntile
 from torch_nntile.nn.model import DeepReLU
@@ -80,6 +83,7 @@ def main() -> None:
     ap.add_argument("--trace", metavar="PATH", help="write a Chrome trace of one extra nntile step")
     add_common_args(ap)
     args = ap.parse_args()
+    date, t_start = utc_now(), time.perf_counter()
 
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=False, scheduler=args.scheduler)
     if args.rss_side is not None:
@@ -103,15 +107,21 @@ def main() -> None:
     print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
     print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block}, "
           f"batch tile {args.tile})")
+    report = None
     if args.report:
-        print(torch_nntile.format_info())
-        print(torch_nntile.metrics_report())
+        report = f"{torch_nntile.format_info()}\n{torch_nntile.metrics_report()}"
+        print(report)
     if args.trace:
         with torch_nntile.trace(args.trace):
             dev_step()
         print(f"trace of one step written to {args.trace}")
     rss = peak_rss(sys.argv[0], sys.argv[1:]) if args.rss_steps > 0 else None
-    print_figures(step_macs(cpu_model, args.batch), rates, rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
+    figures = print_figures(step_macs(cpu_model, args.batch), rates, rate, args.mm_size, cpu_med, dev_med, rss,
+                            args.rss_steps)
+    if args.json:
+        write_result(args.json, "mlp_step", args, date, time.perf_counter() - t_start, args.block, cpu_t, dev_t,
+                     figures, model=f"DeepReLU 784-1024x4-10, batch {args.batch}, cross-entropy, SGD",
+                     tiling=f"batch {args.tile}", captured=args.capture, report=report, trace=args.trace)
     print(f"ratio nntile/cpu: {dev_med / cpu_med:.2f}")
     torch_nntile.shutdown_context()
 

@@ -1,13 +1,20 @@
 """benchmarks/mlp_step.py and gpt2_step.py: their multiply-add counts match what PyTorch's
 flop counter sees in an eager step, and each runs with tiny settings in a fresh
 interpreter and prints every figure line in a form that parses, its quotients those of
-the figures printed (no timing asserted).
-The runs start three interpreters each (the timed one and one per side for the peak
-memory), so they are marked slow."""
+the figures printed (no timing asserted), and writes the same figures with ``--json``.
+The runs with the peak memory start three interpreters each (the timed one and one per
+side), so they are marked slow.
+
+benchmarks/report_pages.py: synthetic results give the table's numbers and the plots,
+the same bytes twice; ``--check`` passes on the committed docs/benchmarks.md and fails
+on an edited copy."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +29,9 @@ sys.path.insert(0, str(BENCH))
 
 import gpt2_step  # noqa: E402
 import mlp_step  # noqa: E402
+import report_pages  # noqa: E402
+
+ROOT = BENCH.parent
 
 NUM = r"([0-9]+(?:\.[0-9]+)?)"
 FIGURES = {  # line -> pattern its numbers must match
@@ -67,6 +77,53 @@ def _run(script: str, *args: str) -> str:
     return r.stdout
 
 
+def _printed(out: str, pattern: str) -> float:
+    return float(re.search(pattern, out, re.M).group(1))
+
+
+def _check_json(out: str, path: Path, argv: list[str]) -> dict:
+    """The result file ``--json`` wrote holds the run's argv and the figures printed (to
+    their printed precision), with the keys report_pages.py reads."""
+    rec = json.loads(path.read_text())
+    assert rec["schema"] == 1 and rec["argv"] == argv
+    assert datetime.datetime.fromisoformat(rec["date"]).tzinfo is not None
+    assert set(rec["machine"]) >= {"cpu", "cores", "torch", "torch_nntile", "starpu", "python", "torch_threads",
+                                   "starpu_workers"}
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", rec["machine"]["starpu"]), rec["machine"]["starpu"]
+    assert "json" not in rec["options"] and "rss_side" not in rec["options"]
+    for side, label in (("cpu", "cpu eager step"), ("nntile", "nntile step")):
+        got = rec[side]
+        assert len(got["block_ms"]) == rec["steps"] // rec["block"] and all(t > 0 for t in got["block_ms"])
+        assert round(got["median_ms"], 2) == _printed(out, rf"^{label}: +median +{NUM} ms")
+    assert rec["ratio"] == pytest.approx(rec["nntile"]["median_ms"] / rec["cpu"]["median_ms"])
+    assert f"{rec['ratio']:.2f}" == out.strip().splitlines()[-1].split()[-1]
+    floor = rec["floor"]
+    assert f"{floor['ms']:.2f}" == re.search(FIGURES["floor"], out, re.M).group(1)
+    assert floor["nntile_over_floor"] == pytest.approx(rec["nntile"]["median_ms"] / floor["ms"])
+    assert len(floor["rates_gmac_s"]) == len(rec["cpu"]["block_ms"])
+    assert f"{rec['best_floor']['ms']:.2f}" == re.search(FIGURES["best floor"], out, re.M).group(1)
+    if rec["options"]["rss_steps"] > 0:
+        cpu_mib, dev_mib, _ = re.search(FIGURES["rss"], out, re.M).groups()
+        assert (rec["cpu"]["peak_rss_mib"], rec["nntile"]["peak_rss_mib"]) == (float(cpu_mib), float(dev_mib))
+        assert rec["rss"]["nntile_over_cpu"] == pytest.approx(float(dev_mib) / float(cpu_mib))
+    else:
+        assert rec["rss"] is None and rec["cpu"]["peak_rss_mib"] is None
+    return rec
+
+
+def test_mlp_step_writes_json(tmp_path):
+    """The smallest run there is (no memory processes: one interpreter, a few seconds)."""
+    path = tmp_path / "sub" / "mlp.json"
+    argv = ["--steps", "2", "--block", "1", "--warmup", "1", "--batch", "64", "--tile", "32", "--mm-size", "256",
+            "--rss-steps", "0", "--json", str(path)]
+    r = subprocess.run([sys.executable, str(BENCH / "mlp_step.py"), *argv], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = _check_json(r.stdout, path, argv)
+    assert rec["benchmark"] == "mlp_step" and rec["steps"] == 2 and rec["block"] == 1
+    assert rec["options"]["batch"] == 64 and rec["tiling"] == "batch 32" and rec["captured"] is False
+    assert report_pages.command(rec) == "mlp_step.py " + " ".join(argv[:-2])
+
+
 def _check_figures(out: str) -> None:
     lines = out.strip().splitlines()
     for name, pattern in FIGURES.items():
@@ -97,15 +154,22 @@ def _assert_quotient(q: str, a: str, b: str) -> None:
 
 
 @pytest.mark.slow
-def test_mlp_step_prints_figures():
-    _check_figures(_run("mlp_step.py", "--steps", "2", "--block", "1", "--warmup", "1", "--batch", "64", "--tile", "32"))
+def test_mlp_step_prints_figures(tmp_path):
+    args = ["--steps", "2", "--block", "1", "--warmup", "1", "--batch", "64", "--tile", "32", "--json", str(tmp_path / "r.json")]
+    out = _run("mlp_step.py", *args)
+    _check_figures(out)
+    _check_json(out, tmp_path / "r.json", ["--mm-size", "256", "--rss-steps", "1", *args])
 
 
 @pytest.mark.slow
-def test_gpt2_step_prints_figures():
-    out = _run("gpt2_step.py", "--steps", "10", "--block", "5", "--warmup", "1", "--tile-seq", "32")
+def test_gpt2_step_prints_figures(tmp_path):
+    args = ["--steps", "10", "--block", "5", "--warmup", "1", "--tile-seq", "32", "--json", str(tmp_path / "r.json")]
+    out = _run("gpt2_step.py", *args)
     _check_figures(out)
     assert "untiled" not in out and "seq 32" in out
+    rec = _check_json(out, tmp_path / "r.json", ["--mm-size", "256", "--rss-steps", "1", *args])
+    assert rec["benchmark"] == "gpt2_step" and rec["tiling"] == "seq 32" and rec["model"] in out
+    assert f"{rec['loss_after_warmup']['cpu']:.6f}" in out and rec["fallback_ops_per_step"] == {}
 
 
 @pytest.mark.slow
@@ -126,3 +190,104 @@ def test_gpt2_help_names_presets_and_tilings():
     r = subprocess.run([sys.executable, str(BENCH / "gpt2_step.py"), "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--size {medium,small}" in r.stdout and "vocab tiled by 2048" in r.stdout
+
+
+# -- report_pages.py ----------------------------------------------------------------
+
+PAGE = "# Benchmarks\n\nProse by hand.\n\n<!-- begin generated -->\nold\n<!-- end generated -->\n\nMore prose.\n"
+
+
+def _result(benchmark: str, argv: list[str], cpu: list[float], dev: list[float], floor_ms: float,
+            rss: tuple[float, float] | None) -> dict:
+    """A synthetic result as the benchmarks write it (the keys report_pages.py reads)."""
+    med_c, med_d = sorted(cpu)[len(cpu) // 2], sorted(dev)[len(dev) // 2]
+    return {
+        "schema": 1, "benchmark": benchmark, "argv": argv, "options": {}, "date": "2026-12-06T01:02:03Z",
+        "wall_s": 42.0, "load_avg": [1.5, 1.0, 0.5], "commit": "abc1234",
+        "machine": {"cpu": "Test CPU", "cores": 2, "torch": "2.13.0", "torch_nntile": "0.1.0", "starpu": "1.3.10",
+                    "python": "3.11.7", "torch_threads": 2, "starpu_workers": 2},
+        "steps": 5 * len(cpu), "block": 5,
+        "cpu": {"median_ms": med_c, "block_ms": cpu, "peak_rss_mib": rss and rss[0]},
+        "nntile": {"median_ms": med_d, "block_ms": dev, "peak_rss_mib": rss and rss[1]},
+        "ratio": med_d / med_c,
+        "floor": {"ms": floor_ms, "gmac": 11.0, "rate_gmac_s": 11.0 / floor_ms * 1e3, "rates_gmac_s": [100.0],
+                  "mm_size": 2048, "nntile_over_floor": med_d / floor_ms, "cpu_over_floor": med_c / floor_ms},
+        "best_floor": {"ms": floor_ms, "products": 10, "rate_gmac_s": 1.0, "nntile_over_floor": 1.0,
+                       "cpu_over_floor": 1.0},
+        "rss": rss and {"cpu_mib": rss[0], "nntile_mib": rss[1], "nntile_over_cpu": rss[1] / rss[0], "steps": 3,
+                        "covers": "after warm-up"},
+        "model": "a model", "tiling": "batch 256", "captured": "--capture" in argv,
+    }
+
+
+def _write_results(tmp_path: Path) -> list[Path]:
+    results = {
+        "gpt2_step": _result("gpt2_step", ["--json", "x.json"], [30.0, 34.0, 32.0], [40.0, 41.0, 39.6], 6.4, None),
+        "mlp_step-capture": _result("mlp_step", ["--capture", "--json=y.json"], [130.0, 128.0, 129.0],
+                                    [100.0, 101.0, 96.0], 80.0, (480.0, 456.0)),
+        "mlp_step": _result("mlp_step", [], [120.0, 140.0, 100.0], [90.0, 93.0, 87.0], 75.0, (500.0, 470.0)),
+    }
+    paths = []
+    for stem, rec in results.items():
+        paths.append(tmp_path / f"{stem}.json")
+        paths[-1].write_text(json.dumps(rec))
+    return paths
+
+
+def test_report_pages_table_and_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    paths = _write_results(tmp_path)
+    page, img = tmp_path / "docs" / "benchmarks.md", tmp_path / "docs" / "img"
+    page.parent.mkdir()
+    page.write_text(PAGE)
+    img.mkdir()
+    (img / "bench-stale.png").write_bytes(b"old")
+    (img / "other.png").write_bytes(b"kept")
+    argv = [*map(str, paths), "--page", str(page), "--img-dir", str(img)]
+    assert report_pages.main(argv) == 0
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nProse by hand.\n\n<!-- begin generated -->\n")
+    assert text.endswith("<!-- end generated -->\n\nMore prose.\n") and "\nold\n" not in text
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `")]
+    # page order: the MLP first, its plain run before --capture; --json and its value left out
+    assert rows[0] == ("| `mlp_step.py` | Test CPU, 2 cores | 2026-12-06 | 120 | 90.0 | 0.75 | 75.0 | 1.20 "
+                       "| 500 / 470 (0.94) |")
+    assert rows[1] == ("| `mlp_step.py --capture` | Test CPU, 2 cores | 2026-12-06 | 129 | 100 | 0.78 | 80.0 "
+                       "| 1.25 | 480 / 456 (0.95) |")
+    assert rows[2] == ("| `gpt2_step.py` | Test CPU, 2 cores | 2026-12-06 | 32.0 | 40.0 | 1.25 | 6.40 | 6.25 "
+                       "| not measured |")
+    assert rows[3].startswith("| `mlp_step.py` | a model | batch 256 | 15 (5) | 146.7 | 2.13.0 | 1.3.10 | 3.11.7 "
+                              "| abc1234 | 1.5 | 42 | `mlp_step.json` |")
+    assert "| batch 256, captured |" in rows[4]
+    pngs = ["bench-gpt2_step.png", "bench-mlp_step-capture.png", "bench-mlp_step.png", "bench-overview.png"]
+    assert sorted(p.name for p in img.glob("bench-*.png")) == pngs and (img / "other.png").exists()
+    for name in pngs:
+        assert f"](img/{name})" in text
+    first = {name: (img / name).read_bytes() for name in pngs}
+    assert all(b.startswith(b"\x89PNG") and b"matplotlib" not in b for b in first.values())
+    assert report_pages.main([*argv, "--check"]) == 0
+    assert report_pages.main(argv) == 0  # the same inputs: the same page and the same bytes
+    assert page.read_text() == text and {name: (img / name).read_bytes() for name in pngs} == first
+
+
+def test_report_pages_check_passes_on_the_committed_page():
+    r = subprocess.run([sys.executable, str(BENCH / "report_pages.py"), "--check"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_report_pages_check_fails_on_an_edited_copy(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs" / "img", docs / "img")
+    shutil.copy(ROOT / "docs" / "benchmarks.md", docs / "benchmarks.md")
+    argv = ["--page", str(docs / "benchmarks.md"), "--img-dir", str(docs / "img")]
+    assert report_pages.main([*argv, "--check"]) == 0  # the copy as it is
+    text = (docs / "benchmarks.md").read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| `mlp_step.py` |"))
+    (docs / "benchmarks.md").write_text(text.replace(row, row.replace(" |", " 0 |", 4)))
+    assert report_pages.main([*argv, "--check"]) == 1
+    assert "not what the results give" in capsys.readouterr().err
+    (docs / "benchmarks.md").write_text(text)
+    (docs / "img" / "bench-overview.png").unlink()
+    assert report_pages.main([*argv, "--check"]) == 1
+    assert "bench-overview.png" in capsys.readouterr().err

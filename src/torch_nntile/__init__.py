@@ -1,12 +1,22 @@
-"""torch_nntile: a PyTorch device whose ops are recorded, tiled and run on StarPU.
+"""torch_nntile: a PyTorch device, ``nntile``, whose ops are recorded, tiled and run on StarPU.
 
-    import torch, torch_nntile
-    torch_nntile.init_context(ncpu=2)
-    x = torch.randn(1024, 784).to("nntile")
-    torch_nntile.set_axis_group_name(x, {0: "batch"})
-    torch_nntile.set_axis_group_tiling("batch", 256)
-    y = (x @ w).relu().sum()
-    print(y.cpu())          # flushes: compile, run on StarPU, wait, gather
+Tensors moved to ``"nntile"`` record their ATen ops into a graph instead of computing
+them. Reading a value back (``.cpu()``, ``.item()``, ``print``) compiles the pending
+graph to tile tasks, runs them on StarPU's workers and waits for that value. Naming
+axis groups and giving them tilings decides how values are cut into tiles.
+
+```python
+import torch
+import torch_nntile
+
+torch_nntile.init_context(ncpu=2)
+x = torch.randn(1024, 784).to("nntile")
+w = torch.randn(784, 10).to("nntile")
+torch_nntile.set_axis_group_name(x, {0: "batch"})
+torch_nntile.set_axis_group_tiling("batch", 256)  # 4 tiles of 256 rows
+y = (x @ w).relu().sum()
+print(y.cpu())  # flushes: compile, run on StarPU, wait, read back
+```
 """
 
 from __future__ import annotations
@@ -111,10 +121,18 @@ def set_axis_group_tiling(name: str, tiling: int | list[int] | tuple[int, ...] |
 
 
 def format_axis_groups() -> str:
+    """A table of the live axis groups: per group its name(s) (``a=b`` where named groups
+    merged, ``-`` if unnamed), extent, member count (dimensions of live values, pending
+    ones included), and tiling (``untiled``, the tile sizes, or why the tiling set for
+    it is invalid). Named groups come first.
+
+    Use it to check which dimensions share a group and how they will be cut into tiles.
+    """
     return _axes.format_groups()
 
 
 def print_axis_groups() -> None:
+    """Print ``format_axis_groups()``."""
     print(format_axis_groups())
 
 
@@ -129,6 +147,11 @@ def built_with_cuda() -> bool:
 
 
 def restrict_cuda() -> None:
+    """Would run the next submitted tasks on CUDA workers only (the counterpart of ``restrict_cpu``).
+
+    Raises:
+        RuntimeError: always: this StarPU build has no CUDA workers (see ``built_with_cuda``).
+    """
     raise RuntimeError("torch_nntile: no CUDA workers in this StarPU build; restrict_cuda() is unavailable")
 
 

@@ -1,13 +1,9 @@
 """SGD and AdamW whose step updates each parameter with one fused op.
 
-``torch.optim``'s optimizers issue a dozen ATen ops per parameter per step (AdamW);
-these issue one, ``torch_nntile::sgd_step`` / ``adamw_step``: on nntile it records
-one graph op, run as one task per tile; on CPU tensors it runs the same math with
-torch ops. They are ``torch.optim.Optimizer`` subclasses with ``torch.optim``'s
-arguments, checks, math and state (keys, a CPU ``step`` tensor), so param groups, LR
-schedulers and ``state_dict`` round trips with ``torch.optim`` work unchanged. The
-scalars of a step (learning rate, bias corrections) are worked out on the host, or,
-for a ``capturable`` AdamW, from a step count on the device by the kernel.
+Each step issues ``torch_nntile::sgd_step`` / ``adamw_step`` per parameter (one graph op
+on nntile, torch ops on CPU tensors). They are ``torch.optim.Optimizer`` subclasses with
+``torch.optim``'s arguments, checks, math and state, so param groups, LR schedulers and
+``state_dict`` round trips work unchanged. See docs/architecture/kernels.md.
 """
 
 from __future__ import annotations

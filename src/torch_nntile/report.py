@@ -92,6 +92,15 @@ def _dry_banner(dry: str | None, what: str) -> list[str]:
 
 
 def format_info() -> str:
+    """``info()`` as a readable table: calls, total seconds and milliseconds per call of
+    each phase (record, ingress, compile and its parts, run, replay, wait, readout),
+    then tasks submitted, compiles that reused a lowered step, live and peak tiles,
+    StarPU handles, and bytes copied in and out.
+
+    The first thing to look at when a step is slow: it shows whether the time goes to
+    the host (recording, lowering) or to the workers (waiting). A banner warns when a
+    dry-run switch makes the numbers timings only.
+    """
     d = info()
     lines = _dry_banner(d["dry_run"], "timings only, results are not numerically meaningful")
     lines.append(f"{'phase':<34} {'calls':>8} {'total s':>10} {'ms/call':>9}")
@@ -113,6 +122,7 @@ def format_info() -> str:
 
 
 def print_info() -> None:
+    """Print ``format_info()``."""
     print(format_info())
 
 
@@ -154,6 +164,14 @@ def _retiles() -> dict[str, dict[str, int]]:
 
 
 def metrics_report() -> str:
+    """``metrics()`` as readable tables: recorded calls per ATen op (most frequent
+    first), the ops that ran on the CPU fallback with the source line of their first
+    call, re-tilings per op and axis group, and per tile kernel its tasks, total
+    seconds, microseconds per task and share of all kernel time.
+
+    Use it to find which kernels dominate a step, which ops fell back to the CPU, and
+    which axis groups an op had to re-tile (a hint to tile them alike).
+    """
     m = metrics()
     lines = _dry_banner(m["dry_run"], "kernel times are not real")
     lines.append(f"{'ATen op':<44} {'calls':>8}")

@@ -1,29 +1,11 @@
 """Capture and replay of a fixed step: ``step = torch_nntile.capture(fn)``.
 
-A training loop records the same graph every step and pays Python dispatch, recording
-and lowering for it again each time. A captured function is run as usual three times
-and then replayed:
-
-1. the first call runs ``fn`` (it makes what is made once: optimizer moments, grads);
-2. the second and third calls run it too, and trace what StarPU is sent: every batch of
-   tile tasks and every value read back, with each tile named by where it comes from
-   (a tile of a tensor that existed before the call, or one the call made);
-3. if the two traces are the same but for the tiles the tensors held, the step is a
-   fixed program of tile tasks: later calls submit its prepared tasks on the current
-   tiles of the tensors it reads and new tiles for what it makes, then point the tensors
-   it replaced (parameters, optimizer states) at the new values, and return new tensors
-   for ``fn``'s tensor results. No op is dispatched, recorded or lowered.
-
-The idea is CUDA Graphs', and so is the contract: Python runs only in the traced
-calls, so what Python computes there (a step count, a learning rate, an ``if`` on a
-value) is frozen in the program. What the two traces can show to differ is refused
-with ``CaptureError``: a kernel parameter (torch.optim's bias corrections unless
-``capturable=True``), data copied from the CPU (a CPU argument, a random mask), a
-value read back (a loss returned as a float), a tensor kept outside the result. A
-value read back inside ``fn`` (HF's mask checks) is checked again at every replay; if
-it differs, the replay raises before any tensor has changed. A Python value that
-changes only later (a scheduler's step every 100 calls) cannot be seen: pass such
-values as nntile tensors.
+Calls 1-3 run ``fn``, the second and third tracing the tile tasks and read-backs sent
+to StarPU; if the two traces agree, later calls replay the prepared tasks on the
+current tiles, with no op dispatched, recorded or lowered. As with CUDA Graphs, what
+Python computed in the traced calls is frozen: what the traces show to change (a kernel
+scalar, data copied from the CPU, a value read back, a tensor kept outside the result)
+is refused with ``CaptureError``. See docs/guide/capture.md and docs/architecture/kernels.md.
 """
 
 from __future__ import annotations
@@ -54,12 +36,30 @@ class CaptureError(RuntimeError):
 
 
 _HINT = ("Values Python computes in the step are frozen in a replay: pass changing values as nntile tensors "
-         "(torch.optim: capturable=True; torch_nntile.training.AdamW works its bias corrections out on the host, "
-         "so replay steps with torch.optim.AdamW(capturable=True))")
+         "(an optimizer's step count and bias corrections: create torch.optim.Adam/AdamW or "
+         "torch_nntile.training.AdamW with capturable=True, which keeps the step count on nntile)")
 
 
 def capture(fn: Callable[..., Any]) -> Captured:
-    """``fn`` as a step that is replayed from its fourth call on (see the module docstring)."""
+    """``fn`` as a step that is replayed from its fourth call on; a training loop calls the
+    result instead of ``fn`` to skip Python dispatch, recording and lowering.
+
+    The first call runs ``fn``; the second and third run it and trace the tile tasks
+    and read-backs it sends StarPU. If the two traces agree, later calls resubmit those
+    tasks on the current tiles of the tensors ``fn`` reads and return new (detached)
+    tensors for its tensor results. What Python computed in the traced calls is frozen,
+    so what the traces show to change is refused with ``CaptureError`` at the third
+    call: a kernel scalar (an optimizer without ``capturable=True``), data copied from
+    the CPU, a value read back, a tensor kept outside the result. See
+    docs/guide/capture.md.
+
+    Args:
+        fn: the step; it takes nntile tensors (and Python values that stay equal) and
+            returns tensors (the loss as a tensor, not ``loss.item()``).
+
+    Returns:
+        A ``Captured`` to call in place of ``fn``.
+    """
     return Captured(fn)
 
 
@@ -74,6 +74,24 @@ class Captured:
         self._program: _Program | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the step: as ``fn`` for the first three calls (tracing the second and
+        third), replayed from the fourth.
+
+        Args:
+            *args: as ``fn`` takes them; tensors must be nntile tensors, and in a replay
+                of the traced shapes, dtypes, strides and tilings; other values equal
+                to the traced ones.
+            **kwargs: likewise.
+
+        Returns:
+            What ``fn`` returns; in a replay, its tensors are new, detached nntile tensors.
+
+        Raises:
+            CaptureError: a tensor argument is not on nntile; the two traced calls
+                differ (raised by the third call, whose results are in place; the next
+                call traces again); or a replay's arguments, or a value it reads back,
+                do not match the traced ones (nothing has changed then).
+        """
         flat, spec = _pytree.tree_flatten((args, kwargs))
         for i, a in enumerate(flat):
             if isinstance(a, torch.Tensor) and not is_nntile(a):

@@ -1,14 +1,9 @@
-"""Elementwise kernels as C programs (``runtime/csrc/ew.h``): which ``Kernel``s the
-workers can run without Python, and their programs.
+"""Which ``Kernel``s the workers run in C, and their programs and records.
 
-A kernel's program is worked out once (kernels are data, so equal kernels share it)
-by the translator registered for its function (``TRANSLATORS``); the translators of
-``call_out`` and of fused chains look the ATen-level function up in ``RULES``. A
-task's record adds its tile shapes. A program that only copies its input runs on
-tiles of any dtype as a strided copy (``COPY_BOXES``); other tiles than float32 take
-the records of ``TYPED`` and ``CALLS`` (``kernels.typed``: comparisons, integer
-arithmetic, ``where``). Anything a rule does not know, or a tile too large for 32-bit
-sizes, keeps the Python kernel, which gives the same values through torch.
+The registries here (``TRANSLATORS``, ``RULES``, ``VIEWS``, ``ROWS``, ``TYPED``,
+``CALLS``, ``FRESH``) are filled by each op beside its kernel; ``record`` turns a task's
+kernel and tile specs into the C record (``runtime/csrc/ew.h``, ``rows.h``), or None
+for a Python task. See docs/architecture/kernels.md.
 """
 
 from __future__ import annotations

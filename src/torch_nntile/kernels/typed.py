@@ -1,13 +1,8 @@
-"""Elementwise kernels over tiles of any dtype, as ``csrc/rows.h`` ``MAP`` records (run
-by ``csrc/typed.c``): comparisons, integer arithmetic, bitwise ops, ``where`` and
-``masked_fill``, ``isposinf`` / ``isneginf``, for ``call_out`` kernels (``native.CALLS``);
-and conversions between dtypes (``cast_record``).
-
-An op computes in PyTorch's common dtype of its operands (tiles, numbers, CPU
-scalars), which these records work out as PyTorch does (``torch.result_type``) from
-the tiles' dtypes: the C map converts each operand from its own type to that one, as
-PyTorch casts operands, and numbers are converted here by torch itself. What they do
-not cover (float arithmetic, half precision, complex) returns None: Python runs it.
+"""Records of kernels over tiles of any dtype (``csrc/rows.h`` ``MAP`` and cast records,
+run by ``csrc/typed.c``): comparisons, integer and bitwise arithmetic, ``where``,
+``masked_fill``, ``isposinf`` / ``isneginf`` for ``call_out`` kernels (``native.CALLS``),
+and conversions between dtypes (``cast_record``), each in PyTorch's common dtype of
+its operands. See docs/architecture/kernels.md.
 """
 
 from __future__ import annotations

@@ -136,10 +136,14 @@ class _Silu(Function):
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
+    """``max(x, 0)`` elementwise, as ``F.relu``: one op forward, one backward (which reads
+    the output, so the input need not be kept)."""
     return _Relu.apply(x)
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) GELU, as ``F.gelu(x)``: one op forward, one backward. For the tanh
+    approximation (GPT-2's ``gelu_new``) use ``gelutanh``."""
     return _Gelu.apply(x, "none")
 
 
@@ -149,6 +153,8 @@ def gelutanh(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(x)``, as ``F.silu`` (Llama's MLP activation): one op forward, one
+    backward."""
     return _Silu.apply(x)
 
 
@@ -194,6 +200,20 @@ class _RmsNorm(Function):
 
 def layer_norm(x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """Layer normalization over the last dimensions, as ``F.layer_norm``: one op forward
+    and one backward that gives the gradients of ``x``, ``weight`` and ``bias`` together.
+
+    Args:
+        x: the input, of shape ``[..., *normalized_shape]``.
+        normalized_shape: the trailing dimensions to normalize over (an int: the last one).
+        weight: the scale, of shape ``normalized_shape``; None: no scaling.
+        bias: the shift, of shape ``normalized_shape``; None: no shift.
+        eps: added to the variance before its square root.
+
+    Returns:
+        ``x`` normalized to mean 0 and variance 1 over those dimensions, then scaled and
+        shifted, in ``x``'s shape.
+    """
     return _LayerNorm.apply(x, _shape(normalized_shape), weight, bias, eps)
 
 
@@ -246,6 +266,8 @@ def embedding(indices: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax along ``dim`` (the last by default), as ``F.softmax`` without a ``dtype``
+    argument: one op forward, one backward (which reads the output)."""
     return _Softmax.apply(x, dim)
 
 
@@ -313,6 +335,18 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
 
 
 def mse_loss(x: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Squared error between ``x`` and ``target``, as ``F.mse_loss``: one op forward, one
+    per gradient. Tensors of different shapes broadcast, with ``F.mse_loss``'s warning.
+
+    Args:
+        x: the prediction.
+        target: what it should be; it gets a gradient too if it requires one.
+        reduction: ``"mean"`` or ``"sum"`` of the squared errors (a scalar), or ``"none"``
+            for the elementwise errors.
+
+    Raises:
+        ValueError: ``reduction`` is none of those.
+    """
     red = _reduction(reduction)
     if x.shape != target.shape:  # as F.mse_loss: warn, then broadcast
         warnings.warn(f"Using a target size ({target.shape}) that is different to the input size ({x.shape}). "

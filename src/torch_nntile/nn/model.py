@@ -70,6 +70,19 @@ class Attention(nn.Module):
         self.sdpa = SDPA(is_causal=True, scale=scale)
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Causal self-attention of the sequence ``x`` over itself.
+
+        The q, k and v projections reshape for free to ``[batch, seq, head_size, heads]``
+        (our head layout), so no transpose is recorded before ``sdpa``.
+
+        Args:
+            x: hidden states ``[batch, seq, dim]``.
+            rotary: ``(cos, sin)`` of a rotary embedding (``[seq, head_size]`` each, as
+                ``Llama.rotary`` gives them) applied to q and k; None (GPT-2): none.
+
+        Returns:
+            The output projection of the attention, ``[batch, seq, dim]``.
+        """
         b, s = x.shape[0], x.shape[1]
         q = self.q(x).view(b, s, self.head_size, self.n_heads)
         k = self.k(x).view(b, s, self.head_size, self.n_kv_heads)
@@ -86,6 +99,19 @@ _ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "t
 
 @dataclass
 class GPT2Config:
+    """The shape of a ``GPT2`` model, with the field names and defaults (GPT-2 small) of
+    HF's ``GPT2Config``. HF's fields for what the model does not do (dropout, caches)
+    are not kept.
+
+    Attributes:
+        n_inner: width of the MLP; None: ``4 * n_embd``.
+        activation_function: ``"gelu_new"``, ``"gelu_pytorch_tanh"`` or ``"gelu_fast"``
+            (the tanh approximation) or ``"gelu"`` (exact); others raise when the model
+            is built.
+        scale_attn_weights: scale attention scores by ``1 / sqrt(head_size)``.
+        scale_attn_by_inverse_layer_idx: also divide them by the layer's index plus one.
+    """
+
     vocab_size: int = 50257
     n_positions: int = 1024
     n_embd: int = 768
@@ -99,6 +125,9 @@ class GPT2Config:
 
     @classmethod
     def from_hf(cls, config: Any) -> GPT2Config:
+        """The config of an HF GPT-2 model (``model.config``), read field by field by
+        name; fields it lacks or leaves None keep their defaults. ``transformers`` need
+        not be imported here: any object with those attributes works."""
         return _from_config(cls, config, {})
 
 
@@ -140,6 +169,17 @@ class GPT2(nn.Module):
         self.ln_f = LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the next token at each position, attending causally.
+
+        Args:
+            ids: token ids ``[batch, seq]``, with ``seq`` at most ``n_positions``.
+
+        Returns:
+            Logits ``[batch, seq, vocab_size]`` (no dropout, cache or padding mask).
+
+        Raises:
+            ValueError: the sequence is longer than ``n_positions``.
+        """
         s = ids.shape[-1]
         if s > self.config.n_positions:
             raise ValueError(f"GPT2: sequence of {s} tokens is longer than n_positions {self.config.n_positions}")
@@ -156,6 +196,17 @@ class GPT2(nn.Module):
         return ours
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Load the weights of an HF GPT-2 into this model.
+
+        Converts HF's names, its fused and transposed ``Conv1D`` attention weights and
+        its head order to ours (``weight_layout.gpt2_from_hf``), then loads them with
+        ``load_state_dict`` (strict: every parameter of ours must be there).
+
+        Args:
+            sd: a ``GPT2LMHeadModel`` state dict, or a ``GPT2Model``'s (without the
+                ``transformer.`` prefix); ``lm_head.weight`` is ignored, as our head is
+                tied to ``wte``. Its config must match this model's.
+        """
         self.load_state_dict(weight_layout.gpt2_from_hf(sd, self.config.n_head))
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -168,6 +219,21 @@ class GPT2(nn.Module):
 
 @dataclass
 class LlamaConfig:
+    """The shape of a ``Llama`` model, with the field names and defaults (Llama 7B's) of
+    HF's ``LlamaConfig``. Only the default rotary embedding and the SiLU MLP are
+    supported.
+
+    Attributes:
+        num_key_value_heads: key/value heads (grouped-query attention); None: as many as
+            ``num_attention_heads``.
+        head_dim: size of a head; None: ``hidden_size // num_attention_heads``.
+        rope_theta: base of the rotary embedding's frequencies.
+        tie_word_embeddings: the LM head reuses the token embedding (no ``lm_head``).
+        attention_bias: biases on the q, k, v and output projections.
+        mlp_bias: biases on the MLP's projections.
+        hidden_act: must be ``"silu"``; others raise when the model is built.
+    """
+
     vocab_size: int = 32000
     hidden_size: int = 4096
     intermediate_size: int = 11008
@@ -184,6 +250,14 @@ class LlamaConfig:
 
     @classmethod
     def from_hf(cls, config: Any) -> LlamaConfig:
+        """The config of an HF Llama model (``model.config``), read field by field by
+        name; fields it lacks or leaves None keep their defaults. ``rope_theta`` is also
+        read from ``rope_parameters`` / ``rope_scaling`` (newer ``transformers`` keep it there).
+
+        Raises:
+            ValueError: the config asks for a rope type other than the default (scaled
+                variants such as Llama 3's are not supported).
+        """
         c = _from_config(cls, config, {})
         rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
         if rope.get("rope_type", "default") != "default":
@@ -241,6 +315,17 @@ class Llama(nn.Module):
         return self._rotary[key]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the next token at each position, attending causally.
+
+        The rotary embedding's cos and sin for this length are computed once on the CPU
+        and kept (see ``rotary``).
+
+        Args:
+            ids: token ids ``[batch, seq]``.
+
+        Returns:
+            Logits ``[batch, seq, vocab_size]`` (no cache or padding mask).
+        """
         rotary = self.rotary(ids.shape[-1], ids.device)
         x = self.embed(ids)
         for layer in self.layers:
@@ -256,6 +341,17 @@ class Llama(nn.Module):
         return ours
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Load the weights of an HF Llama into this model.
+
+        Converts HF's names and head order to ours (``weight_layout.llama_from_hf``),
+        then loads them with ``load_state_dict`` (strict: every parameter of ours must
+        be there).
+
+        Args:
+            sd: a ``LlamaForCausalLM`` state dict. With tied embeddings its
+                ``lm_head.weight`` is ignored; otherwise it is required. Its config must
+                match this model's.
+        """
         c = self.config
         ours = weight_layout.llama_from_hf(sd, c.num_attention_heads, c.num_key_value_heads)
         if self.lm_head is None:

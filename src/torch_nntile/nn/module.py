@@ -15,11 +15,18 @@ from torch_nntile.nn import functional as F
 
 
 class Linear(nn.Linear):
+    """``torch.nn.Linear`` (same arguments, parameters and state dict) whose forward is
+    ``functional.linear``: on nntile, one tiled product forward and one per gradient.
+    Accepts inputs of any rank ``[..., in_features]``."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 
 class ReLU(nn.ReLU):
+    """``torch.nn.ReLU`` whose forward is ``functional.relu`` (one op forward, one
+    backward on nntile). ``inplace`` is accepted but ignored: the result is a new tensor."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x)
 
@@ -32,16 +39,27 @@ class GELU(nn.GELU):
 
 
 class SiLU(nn.SiLU):
+    """``torch.nn.SiLU`` whose forward is ``functional.silu`` (one op forward, one
+    backward on nntile). ``inplace`` is accepted but ignored: the result is a new tensor."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.silu(x)
 
 
 class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` (same arguments, parameters and state dict) whose forward
+    is ``functional.layer_norm``: one op forward, and one backward for the gradients of
+    the input, weight and bias together."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` (same arguments, parameters and state dict) whose forward is
+    ``functional.rms_norm``: one op forward, one backward for the input's and weight's
+    gradients. ``eps=None`` is the machine epsilon of the input's dtype, as in PyTorch."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 

@@ -1,14 +1,9 @@
-"""Convert attention weights between HF's head layout and ours.
+"""Convert attention weights between HuggingFace's head layout and ours.
 
-HF projections put a head's features together: output feature ``h * head_size + d``.
-Ours put the head index last, ``d * n_heads + h``, so that a projection's output
-reshapes (a free view) to the ``[batch, seq, head_size, n_heads]`` layout of
-``functional.sdpa`` and ``rope``: the head dim, which attention tiles, is a whole
-axis of its own. GPT-2's ``Conv1D`` weights are also stored transposed (``[in, out]``)
-and its q, k, v fused; the model converters below undo both.
-
-The functions take any tensors (weights, gradients, optimizer states) and do not
-need ``transformers``.
+Ours puts the head index last (output feature ``d * n_heads + h``), so projections
+reshape for free to ``[batch, seq, head_size, n_heads]``; the converters also undo
+GPT-2's transposed, fused q/k/v ``Conv1D`` weights. They take any tensors and need no
+``transformers``. See docs/architecture/index.md (the public layers).
 """
 
 from __future__ import annotations

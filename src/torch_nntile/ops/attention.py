@@ -1,20 +1,9 @@
-"""Scaled dot-product attention and rotary embedding in the projection layout.
+"""Scaled dot-product attention (``sdpa``) and rotary embedding (``rope``) in the projection
+layout ``[batch, seq, head_size, heads]``, forward and backward as one graph op each.
 
-Tensors are ``[batch, seq, head_size, heads]`` (what a linear projection reshapes
-to without a transpose) in our API; ``sdpa`` also takes the orders ``bshd`` (HF's
-projections, storage of stock SDPA's usual inputs) and ``bhsd`` (stock SDPA's
-logical order), so that stock ``scaled_dot_product_attention`` reads its inputs
-where they lie, without a permuting copy. ``sdpa`` runs one task per (batch tile,
-head tile) with the sequence and head_size dims whole, calling ATen's CPU
-flash-attention kernel on the tile: it walks key blocks with an online softmax, so
-the ``[seq, seq]`` scores never exist whole and memory grows with the sequence, not
-its square. Its logsumexp is kept for the backward, which is one op returning all
-three gradients. With grouped kv heads, a head tile of q holds whole groups, so the kv
-heads it reads (and whose gradients it writes) belong to it alone. ``rope`` runs one
-task per tile of x, with head_size whole (the rotation pairs its two halves).
-
-The plain functions at the top compute whole values or tiles alike: they are the
-eager CPU kernels of the ops and the bodies of the tile kernels.
+``sdpa`` runs ATen's CPU flash-attention kernel per (batch tile, head tile); the plain
+functions at the top are both the eager CPU kernels and the tile kernels' bodies. See
+docs/architecture/adding-an-op.md (lowering patterns: attention).
 """
 
 from __future__ import annotations

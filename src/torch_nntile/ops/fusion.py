@@ -1,25 +1,9 @@
 """Fusion of elementwise chains: one task per tile instead of one per op.
 
-Before lowering, an elementwise op whose result only one later elementwise op of the
-same shape reads, and that nothing else holds (no tensor, view or other op), is folded
-into that reader: the group runs as one task per output tile, the intermediate
-results as temporaries inside the kernel, never registered as tiles. An optimizer's
-per-parameter update (AdamW: a dozen ops per parameter) becomes a few tasks.
-
-Only floating-point ops fold: a chain with integer or bool steps (a padded batch's
-mask arithmetic) would run as Python, where its ops each run in C (``kernels.typed``).
-
-A producer whose result is also held outside (a tensor updated in place, such as an
-optimizer's running average) folds into its reader the same way, when that reader is
-the only op that reads it: the group then writes that result too, as a further output
-of its task (one more pass over memory instead of a whole task and its reads).
-
-``foreach`` ops (one op over the elements of tensor lists) fold the same way, element
-by element: a producer whose every result only the same element of one later foreach op
-reads folds into it, when all elements then run one program (they do unless their
-inputs alias differently). ``torch.optim``'s foreach AdamW becomes one such op per
-group of alike parameters: one task per parameter tile writes the parameter and both
-running averages.
+``fuse_elementwise`` folds a floating-point elementwise op (or ``foreach`` op) into its
+only reader before lowering; results held outside the compile become further outputs
+of the fused task. ``fused_tile`` is its kernel, with a C translation. See
+docs/architecture/kernels.md (fusion of elementwise chains).
 """
 
 from __future__ import annotations
@@ -75,8 +59,13 @@ results per element)``."""
 
 
 def fuse_elementwise(ops: list[OpNode]) -> list[OpNode]:
-    """The ops with elementwise chains folded into single ops (see module docstring);
-    chains of ``_foreach_*`` ops fold element by element into one such op."""
+    """The ops with elementwise chains folded into single ops, so a chain runs as one
+    task per output tile. A floating-point elementwise op folds into its reader when
+    that reader is an elementwise op of the same kind (map or ``foreach``) and the only
+    op reading its result; a result also held outside the compile folds only in float32
+    chains, as a further output of the fused task. Chains of ``_foreach_*`` ops fold
+    element by element into one such op. See docs/architecture/kernels.md (fusion of
+    elementwise chains)."""
     uses: dict[int, int] = {}
     reader: dict[int, OpNode] = {}
     for op in ops:

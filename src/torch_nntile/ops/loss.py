@@ -1,17 +1,6 @@
 """Losses: negative log-likelihood (``nll_loss``, ``nll_loss2d``), cross-entropy over the
-last dim and mean squared error.
-
-NLL: input ``(N, C, *S)``, target ``(N, *S)``; the class dim may be tiled. Each tile
-of classes picks the targets that fall in it (the others contribute 0), so a loss
-over a large vocabulary never needs the classes in one tile: per row the parts of
-the class tiles are summed, for a reduced loss all parts are. The total weight
-depends on the targets only, so it is computed apart from the loss (the backward of
-one row tile need not wait for the forward of the others).
-
-Cross-entropy of ``[..., C]`` logits against ``[...]`` labels is one op: each tile of
-classes writes per row its maximum, sum of exponentials and the label's logit (where
-the label falls in it), one task per row tile combines them into ``logsumexp`` and the
-rows' losses; the backward recomputes the softmax from that ``logsumexp`` per tile.
+last dim and mean squared error, with the class dim tileable (per-tile parts combined
+per row). See docs/architecture/adding-an-op.md (lowering patterns: losses).
 """
 
 from __future__ import annotations

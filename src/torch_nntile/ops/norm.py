@@ -1,15 +1,6 @@
-"""Layer and RMS normalization over the trailing dims, forward and backward, from one factory.
-
-RMS norm is layer norm without the mean: per row it keeps ``rstd`` only (layer norm
-keeps the mean too), and ``xhat = x * rstd`` instead of ``(x - mean) * rstd``.
-With the normalized (trailing) dims whole in a tile, one task per tile of the leading
-dims runs the whole-row kernel (torch's, or C for float32: csrc/rows.c, nn.c). With
-them tiled, each tile writes its rows' partial statistics (mean and centred second
-moment, or the sum of squares), one task per row of tiles combines them (Chan's
-combination, as exact as a two-pass variance), and each tile is then normalized (for
-float32 by a C program). The backward combines per-tile sums of ``g*w`` (layer norm
-only) and ``g*w*xhat`` per row likewise; the weight and bias gradients sum over the
-tiles of the leading dims.
+"""Layer and RMS normalization over the trailing dims, forward and backward, from one
+factory; with the normalized dims tiled, per-tile statistics are combined per row.
+See docs/architecture/adding-an-op.md (lowering patterns: layer norm and RMS norm).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Fused optimizer updates: one graph op per parameter per step, one task per tile.
+"""Fused optimizer updates (SGD, AdamW): one graph op per parameter per step, one task per
+tile updating the parameter and its state, which share the parameter's axis groups.
 
-An update reads the parameter, its gradient and its optimizer state (all of the
-parameter's shape) and writes the new parameter and state values. Every operand
-shares the parameter's axis groups (merged here, as elementwise ops merge theirs),
-so one task per tile updates all of them for that tile, without re-tiling.
-
-The update math is written once, out of place (``*_update(outs..., ins...)``): the
-tile kernels call it on tile views, and the CPU kernels of the ``torch_nntile::``
-ops call it with each output the input it replaces (in place). Its torch calls and
-their order are those of ``torch.optim``'s single-tensor SGD and AdamW, so results
-match them to rounding. Float32 tiles run the same arithmetic in C
-(``csrc/nn.c``), without the interpreter.
+The update math is written once, out of place (``*_update``), in ``torch.optim``'s
+order; tile kernels and the ``torch_nntile::`` CPU kernels both call it, and float32
+tiles run it in C (``csrc/nn.c``). See docs/architecture/kernels.md.
 """
 
 from __future__ import annotations

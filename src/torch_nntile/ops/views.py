@@ -1,9 +1,9 @@
 """Views as graph ops. A tensor viewing another is read by replaying the view on
 the base value and written by scattering back (functionalization, lite).
 
-A view's geometry (sizes, strides, offset over a contiguous base) is decoded into
-reshape -> permute -> reshape -> expand when it is one; anything else (slices,
-diagonals) goes through a gathered ``as_strided`` on a single tile.
+A view is decoded into reshape -> permute -> reshape -> expand, or, where it slices,
+a box of a reshape (keeping the tiling of the dims it does not cut); anything else
+is a strided copy of the whole value in one tile (``as_strided``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The StarPU runtime behind a small boundary: register tiles, submit, wait.
 
-Tile memory is allocated by the shim (not by StarPU) when a tile is registered. A
-dead tile's handle keeps its memory as a spare for the next tile of the same size,
-until no compile has asked for that size for a while or ``empty_cache()``. Kernels
-are Python callables run on StarPU's CPU workers; each receives torch tensors that
-view the tile buffers StarPU hands to the task. The matrix-product kernel
-(``kernels.Gemm``) is also run in C, calling BLAS with no Python callback, where
-torch's BLAS exports it, and so are float32 elementwise kernels that have a C
-program (``kernels.native``, ``csrc/ew.c``).
-
-Failures are tracked per tile value, not globally: a kernel that raises, or a tile
-with no memory, is a ``Failure``; the tiles its task writes hold that failure
-instead of a value, tasks reading such tiles skip their kernels and pass it on, and
-a readout of a value that holds one raises it. ``wait()`` raises the failures no
-readout has reported yet. Every blocking wait is done in short slices, so Ctrl-C
-(KeyboardInterrupt) gets through while tasks run.
+``Runtime`` owns the workers, tile memory and its spares, task submission (C or Python
+callback per task), waits in slices, and failures carried by tiles (``Failure``,
+``KernelError``, ``TileMemoryError``). See docs/architecture/kernels.md,
+docs/architecture/memory.md and docs/architecture/failures.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Ctrl-C that lands where raising it would lose work is raised a moment later.
 
-A SIGINT's handler runs in the main thread at whatever Python line it reached, so
-``KeyboardInterrupt`` can surface anywhere. Two places cannot take it:
-
-- a finalizer releasing tiles (``TileArray.__del__``, ``Held.__del__``): Python
-  reports an exception raised in a finalizer and drops it. There the interrupt is
-  raised in the main thread once the finalizer returned, through a helper thread.
-- a shielded section (``with SHIELD:``): lowering pending ops and submitting their
-  tasks, taking a wait's failures. Stopped half-way these would lose recorded work or
-  a failure; the interrupt is raised when the outermost section ends instead.
-
-Anywhere else it is raised at once, as Python's own handler does. The handler is
-installed only where Python's own is in place (a program's own handler is kept).
+``with SHIELD:`` defers a KeyboardInterrupt to the end of the outermost section; one
+landing in a tile finalizer is raised in the main thread after it returns; elsewhere it
+is raised at once. Installed only over Python's own SIGINT handler. See
+docs/architecture/failures.md (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -30,7 +22,9 @@ _held = False  # a SIGINT arrived inside one
 
 
 def in_finalizer(*codes: CodeType) -> None:
-    """Register finalizers where an interrupt is deferred (see the module's docstring)."""
+    """Register the code of finalizers that release tiles: a KeyboardInterrupt landing in
+    one is raised in the main thread just after it returns, instead of being reported
+    and dropped by Python. See docs/architecture/failures.md (Ctrl-C)."""
     _FINALIZERS.update(codes)
 
 

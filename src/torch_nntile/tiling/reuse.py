@@ -1,28 +1,10 @@
 """Reuse of lowered steps: a compile with the structure of an earlier one takes that
 compile's tile tasks again, bound to new tiles, instead of being lowered.
 
-A training loop records the same graph every step. Its *structure* (``key``) is what
-lowering reads: per op its definition, its attributes, which values it reads (an
-earlier op's output, or a value from before the compile, with that value's tiling
-and which of its tiles it shares with the others), the shapes, dtypes and planned
-tilings of its outputs, and whether anything outside the compile holds each output
-(fusion and memory reuse depend on it). Equal keys give equal task lists up to the
-tiles, so the second compile of a structure records a ``Template``: the tasks with
-every tile handle replaced by a slot (a tile of a value from before the compile, or
-a new tile of some size) and every kernel by a recipe. Later compiles of that
-structure register new tiles for the slots and bind the tasks to them.
-
-The kernel of an op whose tasks all run the op's own kernel (``binds_kernel``:
-elementwise maps, fused chains, optimizer updates) is no part of the key: its tasks
-do not depend on it, and the recipe takes it from the new op, so scalars that change
-every step (the learning rate and bias corrections of ``torch.optim``'s foreach ops,
-a CPU scalar tensor's value) do not stop reuse. The CPU tensor of an ingress
-(``binds_data``) is taken from the new op likewise. Anything else in an op's
-attributes that is not plain data (a tensor, an unknown object) makes the compile
-one that is lowered every time.
-
-``TORCH_NNTILE_CHECK_REUSE=1`` lowers every reused compile again and raises if its
-tasks differ from the template's (the test suite runs with it).
+``Structure`` is the key, ``Template`` a lowered compile with tiles as slots and
+kernels as recipes, ``StepCache`` the templates of one runtime.
+``TORCH_NNTILE_CHECK_REUSE=1`` lowers every reused compile again and compares. See
+docs/architecture/kernels.md (reuse of lowered steps).
 """
 
 from __future__ import annotations
