@@ -1,20 +1,20 @@
-# Set-up and entry points. `make demo` and `make test` install what is missing:
-# StarPU from the distribution, a venv with torch 2.13.0 (CPU), and this package.
+# Set-up and entry points. `make demo` and `make test` install what is missing: StarPU
+# built from Debian's source package into $(STARPU_PREFIX) (scripts/build_starpu.sh), a
+# venv with torch 2.13.0 (CPU), and this package built against that StarPU.
 PY ?= python3.11
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 export STARPU_HOME ?= $(CURDIR)/.starpu
 export STARPU_SILENT ?= 1
+export STARPU_PREFIX ?= $(CURDIR)/.cache/starpu
+export PKG_CONFIG_PATH := $(STARPU_PREFIX)/lib/pkgconfig$(if $(PKG_CONFIG_PATH),:$(PKG_CONFIG_PATH))
 
-.PHONY: setup demo test test-all test-check test-stress test-wheel wheel bench bench-pages soak lint docs clean
+.PHONY: setup starpu demo test test-all test-check test-stress test-wheel wheel bench bench-pages soak lint docs clean
 
-$(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_shim.py $(wildcard src/torch_nntile/runtime/csrc/*) \
-		$(wildcard src/torch_nntile/backend/csrc/*) $(wildcard src/torch_nntile/tiling/csrc/*) \
-		$(wildcard src/torch_nntile/graph/csrc/*)
-	@pkg-config --exists starpu-1.3 || pkg-config --exists starpu-1.4 || \
-		{ echo "installing StarPU (libstarpu-dev)"; \
-		  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq libstarpu-dev pkg-config; \
-		  else sudo apt-get update -qq && sudo apt-get install -y -qq libstarpu-dev pkg-config; fi; }
+$(VENV)/.done: Makefile pyproject.toml setup.py scripts/build_starpu.sh src/torch_nntile/runtime/_build_shim.py \
+		$(wildcard src/torch_nntile/runtime/csrc/*) $(wildcard src/torch_nntile/backend/csrc/*) \
+		$(wildcard src/torch_nntile/tiling/csrc/*) $(wildcard src/torch_nntile/graph/csrc/*)
+	bash scripts/build_starpu.sh
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
@@ -25,6 +25,10 @@ $(VENV)/.done: Makefile pyproject.toml setup.py src/torch_nntile/runtime/_build_
 	touch $@
 
 setup: $(VENV)/.done
+
+# StarPU alone (reused when $(STARPU_PREFIX) holds the same version and options).
+starpu:
+	bash scripts/build_starpu.sh
 
 demo: setup
 	$(VPY) examples/train_mlp.py
@@ -48,7 +52,7 @@ test-stress: setup
 
 # A manylinux wheel that carries its own libstarpu, in dist/ (scripts/build_wheel.sh:
 # sdist, wheel from it, auditwheel repair). Rebuilt each time: it takes seconds.
-wheel:
+wheel: starpu
 	PY=$(PY) bash scripts/build_wheel.sh
 
 # That wheel installed into a fresh venv with torch 2.13.0 and checked there (slow).

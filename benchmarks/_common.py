@@ -228,13 +228,15 @@ def starpu_version() -> str:
 
 
 def _commit() -> str | None:
-    """The checkout's short commit, ``-dirty`` when tracked files differ from it; None outside git."""
+    """The checkout's short commit, ``-dirty`` when tracked files differ from it (other
+    than results and the pages made from them, which a run of ``make bench-pages``
+    rewrites as it goes); None outside git."""
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=30)
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "-C", str(here.parent), "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!benchmarks/results", ":!docs"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if head.returncode != 0:
@@ -267,15 +269,7 @@ def write_result(path: str, benchmark: str, args: argparse.Namespace, date: str,
 
     rss = figures.get("rss")
     record = {
-        "schema": 1,
-        "benchmark": benchmark,
-        "argv": sys.argv[1:],
-        "options": {k: v for k, v in sorted(vars(args).items()) if k not in ("rss_side", "json")},
-        "date": date,
-        "wall_s": wall_s,
-        "load_avg": [round(x, 2) for x in os.getloadavg()],
-        "commit": _commit(),
-        "machine": machine_facts(args.ncpu),
+        **run_record(benchmark, args, date, wall_s, machine_facts(args.ncpu)),
         "steps": len(cpu_t) * block,
         "block": block,
         "cpu": side(cpu_t) | {"peak_rss_mib": rss["cpu_mib"] if rss else None},
@@ -284,6 +278,29 @@ def write_result(path: str, benchmark: str, args: argparse.Namespace, date: str,
         **figures,
         **extra,
     }
+    dump_json(path, record)
+
+
+def run_record(benchmark: str, args: argparse.Namespace, date: str, wall_s: float, machine: dict[str, Any],
+               internal: tuple[str, ...] = ("rss_side", "json")) -> dict[str, Any]:
+    """The fields every result file starts with, so that all benchmarks' files say the
+    same things about a run the same way; ``internal`` names options that are no setting
+    of the run (a hidden per-process option, where the file went)."""
+    return {
+        "schema": 1,
+        "benchmark": benchmark,
+        "argv": sys.argv[1:],
+        "options": {k: v for k, v in sorted(vars(args).items()) if k not in internal},
+        "date": date,
+        "wall_s": wall_s,
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "commit": _commit(),
+        "machine": machine,
+    }
+
+
+def dump_json(path: str, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path`` (its folder made if missing) and say so."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         json.dump(record, f, indent=1)

@@ -67,9 +67,11 @@ __all__ = [
 torch.__future__.set_swap_module_params_on_conversion(True)
 
 
-def init_context(ncpu: int = 2, ncuda: int = 0, cpu_fallback: bool = False, scheduler: str | None = None) -> None:
-    """Start StarPU with ``ncpu`` CPU workers. ``cpu_fallback`` runs ATen ops that
-    nntile lacks on the CPU (counted) instead of raising."""
+def init_context(ncpu: int | None = None, ncuda: int = 0, cpu_fallback: bool = False, scheduler: str | None = None) -> None:
+    """Start StarPU with ``ncpu`` CPU workers: by default one per core this process may
+    run on (the first op starts a context with the defaults by itself). More workers
+    than cores is allowed. ``cpu_fallback`` runs ATen ops that nntile lacks on the CPU
+    (counted) instead of raising; ``scheduler`` names a StarPU scheduler (default ``lws``)."""
     _S.init(ncpu, ncuda, cpu_fallback, scheduler)
 
 

@@ -65,6 +65,13 @@ class _GcPaused:
 GC_PAUSED = _GcPaused()
 
 
+def default_ncpu() -> int:
+    """One CPU worker per core this process may run on. The workers run at a lower
+    priority than the process (``TORCH_NNTILE_WORKER_NICE``), so the thread recording
+    ops takes a core from them when it needs one instead of having one kept idle for it."""
+    return len(os.sched_getaffinity(0))
+
+
 class Session:
     def __init__(self) -> None:
         self.rt: Runtime | None = None
@@ -82,9 +89,11 @@ class Session:
         self.thread = 0  # the thread that recorded the last op (see thread_switched)
         self.thread_flush_ops = THREAD_FLUSH_OPS
 
-    def init(self, ncpu: int, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
+    def init(self, ncpu: int | None, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
         if ncuda:
             raise ValueError(f"ncuda={ncuda}: this StarPU build has no CUDA workers; use ncuda=0")
+        if ncpu is None:
+            ncpu = default_ncpu()
         config = (ncpu, scheduler)
         if self.rt is not None and self.rt.alive:
             if config != self.config:
@@ -106,7 +115,7 @@ class Session:
         if rt is None or not rt.alive:
             if self.shut_down:
                 raise RuntimeError("torch_nntile: the context has been shut down; nntile tensors can no longer be used")
-            self.init(2, 0, self.cpu_fallback, None)
+            self.init(None, 0, self.cpu_fallback, None)
             rt = self.rt
         return rt  # type: ignore[return-value]
 

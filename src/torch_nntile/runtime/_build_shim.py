@@ -31,6 +31,9 @@ def _cdef() -> str:
     return callbacks + between("cdef")
 
 
+_SYSTEM_LIBDIRS = {"/usr/lib", "/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/local/lib"}
+
+
 def _pkg_flags() -> tuple[list[str], list[str]]:
     for pkg in ("starpu-1.4", "starpu-1.3"):
         try:
@@ -40,7 +43,9 @@ def _pkg_flags() -> tuple[list[str], list[str]]:
             libs = subprocess.check_output(["pkg-config", "--libs", pkg], text=True)
         except (OSError, subprocess.CalledProcessError):
             continue
-        return shlex.split(cflags), shlex.split(libs)
+        libdir = subprocess.check_output(["pkg-config", "--variable=libdir", pkg], text=True).strip()
+        rpath = [] if libdir in _SYSTEM_LIBDIRS else [f"-Wl,-rpath,{libdir}"]  # the project's own build
+        return shlex.split(cflags), shlex.split(libs) + rpath
     raise RuntimeError(
         "StarPU development files not found (pkg-config starpu-1.4 / starpu-1.3); "
         "install them with: apt-get install libstarpu-dev"

@@ -264,15 +264,19 @@ void tnt_trim(void) { malloc_trim(0); }
 
 /* A tile of nelems items in memory allocated here, registered with main RAM as its
    home. *allocated = 0 when there is no memory for it: the handle then has none
-   (the caller marks it with tnt_set_no_memory before any task uses it). StarPU 1.3
-   counts a vector's items in 32 bits: a larger tile is one item of its whole size. */
+   (the caller marks it with tnt_set_no_memory before any task uses it) and is
+   registered empty: StarPU 1.4 reads a CPU buffer's first and last bytes when it is
+   registered. StarPU counts a vector's items in 32 bits: a larger tile is one item of
+   its whole size. */
 tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated)
 {
     size_t nbytes = nelems * elemsize;
     void *p = tnt_alloc(nbytes);
     *allocated = p != NULL;
     starpu_data_handle_t h;
-    if (nelems <= UINT32_MAX)
+    if (p == NULL && nbytes)
+        starpu_vector_data_register(&h, STARPU_MAIN_RAM, 0, 0, elemsize);
+    else if (nelems <= UINT32_MAX)
         starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, (uint32_t)nelems, elemsize);
     else
         starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, 1, nbytes);
