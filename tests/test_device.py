@@ -200,7 +200,7 @@ def test_workers_yield_the_cores_to_the_recording_thread():
 
     from conftest import run_python
 
-    from torch_nntile.runtime.context import WORKER_NICE
+    from torch_nntile.runtime.workers import WORKER_NICE
 
     own = os.getpriority(os.PRIO_PROCESS, 0)
     assert WORKER_NICE > 0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_close, run_python
 
 import torch_nntile
+from torch_nntile.graph import axes
 
 
 def test_tiling_sum_mismatch_names_group():
@@ -22,6 +25,31 @@ def test_tiling_sum_mismatch_names_group():
 def test_unknown_group_name():
     with pytest.raises(ValueError, match="unknown axis group name 'no_such_group'"):
         torch_nntile.set_axis_group_tiling("no_such_group", 4)
+
+
+def test_a_tiling_outlives_its_groups_until_cleared():
+    """A tiling is kept by name, so clearing it must work once the groups are gone (the
+    old tiling would come back on the next group given that name)."""
+    x = torch.randn(8, 3).to("nntile")
+    torch_nntile.set_axis_group_name(x, {0: "gone_rows"})
+    torch_nntile.set_axis_group_tiling("gone_rows", 4)
+    torch_nntile.execute()
+    torch_nntile.wait()
+    del x
+    gc.collect()
+    assert "gone_rows" not in axes.live_names()
+    torch_nntile.set_axis_group_tiling("gone_rows", None)
+    y = torch.randn(8, 3).to("nntile")
+    torch_nntile.set_axis_group_name(y, {0: "gone_rows"})
+    rows = [line for line in torch_nntile.format_axis_groups().splitlines() if line.startswith("gone_rows")]
+    assert rows and all(line.endswith("untiled") for line in rows), rows
+    with pytest.raises(ValueError, match="unknown axis group name 'never_named'"):
+        torch_nntile.set_axis_group_tiling("never_named", None)
+
+
+def test_naming_a_cpu_tensor_says_to_move_it_first():
+    with pytest.raises(TypeError, match=r"set_axis_group_name needs a tensor on nntile, got cpu"):
+        torch_nntile.set_axis_group_name(torch.randn(3), {0: "batch"})
 
 
 def test_bad_dim_in_name():

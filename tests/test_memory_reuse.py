@@ -99,13 +99,13 @@ def test_heap_trimmed_while_the_workers_never_go_idle(monkeypatch):
     """A training loop that never waits keeps the workers busy, so the pauser never
     trims malloc's free pages: compiles do it too, at most every TRIM_S (else the
     medium GPT-2 grew by 50-100 MiB a step, to 3.3 GiB after 12 steps, against 1.9)."""
-    from torch_nntile.runtime import context
+    from torch_nntile.runtime import memory
     from torch_nntile.session import SESSION_STATE
 
     rt = SESSION_STATE.runtime()
     counted = _CountTrims(rt.lib)
     monkeypatch.setattr(rt, "lib", counted)
-    monkeypatch.setattr(context, "TRIM_S", 0.0)
+    monkeypatch.setattr(memory, "TRIM_S", 0.0)
     x = torch.randn(32, 32).to("nntile")
     for _ in range(3):
         x = torch.tanh(x @ x) * 0.5

@@ -170,9 +170,9 @@ def _break_stores(ints: list[int], how: str) -> list[int]:
 def test_malformed_store_programs_are_refused(monkeypatch, how):
     """csrc/ew.c checks every program before its task goes in: a malformed one with
     further results is refused with an error naming its task, and writes nothing."""
-    from torch_nntile.runtime import context
+    from torch_nntile.runtime import submission
 
-    real = context.ew_record
+    real = submission.ew_record
 
     def record(fn, specs):
         rec = real(fn, specs)
@@ -180,7 +180,7 @@ def test_malformed_store_programs_are_refused(monkeypatch, how):
             rec = (_break_stores(rec[0], how), rec[1])
         return rec
 
-    monkeypatch.setattr(context, "ew_record", record)
+    monkeypatch.setattr(submission, "ew_record", record)
     p, g, m, v = (_dev(t) for t in (torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 3), torch.rand(4, 3)))
     torch_nntile.execute()
     torch_nntile.wait()
@@ -536,12 +536,12 @@ def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch, python_tasks):
     """The C side counts tasks under at most 128 names; once as many names are in use,
     tasks of new names still run in C (counted together as ``OTHER_C_TASKS``), not as
     Python callbacks."""
-    from torch_nntile.runtime import context
+    from torch_nntile.runtime import submission
 
     rt = SESSION_STATE.runtime()
     torch_nntile.wait()
     torch_nntile.metrics()  # the counts so far are folded in under the real names
-    full = {f"earlier_{k}": k for k in range(context._GEMM_NAMES - 1)}
+    full = {f"earlier_{k}": k for k in range(submission._GEMM_NAMES - 1)}
     monkeypatch.setattr(rt, "_gemm_names", full)
     torch_nntile.reset_info()
     x = torch.randn(6, 5)
@@ -549,9 +549,9 @@ def test_tasks_past_the_named_ones_still_run_in_c(monkeypatch, python_tasks):
     assert_close(got, torch.tanh(x * 2 + 1))
     torch_nntile.wait()
     kernels = torch_nntile.metrics()["kernels"]
-    assert kernels[context.OTHER_C_TASKS]["tasks"] == 4, kernels  # x's two tiles copied in, the fused chain's two
+    assert kernels[submission.OTHER_C_TASKS]["tasks"] == 4, kernels  # x's two tiles copied in, the fused chain's two
     assert set(python_tasks) == {"readout"}, python_tasks  # only it runs as Python
-    assert len(full) == context._GEMM_NAMES - 1
+    assert len(full) == submission._GEMM_NAMES - 1
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from conftest import rel_err
 import torch_nntile
 from torch_nntile.graph.nodes import SESSION, DataNode
 from torch_nntile.nn.model import DeepReLU
-from torch_nntile.runtime.context import SPARE_COMPILES
+from torch_nntile.runtime.memory import SPARE_COMPILES
 from torch_nntile.session import SESSION_STATE, THREAD_FLUSH_OPS
 
 

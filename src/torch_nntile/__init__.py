@@ -44,7 +44,8 @@ from torch_nntile.report import (
     stop_trace,
     trace,
 )
-from torch_nntile.runtime.context import WHERE_ANY, WHERE_CPU, KernelError, TileMemoryError
+from torch_nntile.runtime.failures import KernelError, TileMemoryError
+from torch_nntile.runtime.submission import WHERE_ANY, WHERE_CPU
 from torch_nntile.session import SESSION_STATE as _S
 from torch_nntile.session import Progress
 
@@ -106,6 +107,10 @@ def execute(progress: Progress = None) -> None:
 
 def set_axis_group_name(tensor: torch.Tensor, names: dict[int, str]) -> None:
     """Name the axis groups of some of ``tensor``'s dimensions: ``{0: "batch"}``."""
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "nntile":
+        where = tensor.device if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise TypeError(f"set_axis_group_name needs a tensor on nntile, got {where}; name the dimensions of the "
+                        "tensor after moving it (x = x.to('nntile'))")
     node = _read(tensor)
     for dim, name in names.items():
         if not -len(node.shape) <= dim < len(node.shape):
@@ -116,7 +121,6 @@ def set_axis_group_name(tensor: torch.Tensor, names: dict[int, str]) -> None:
 def set_axis_group_tiling(name: str, tiling: int | list[int] | tuple[int, ...] | None) -> None:
     """Tile the named group: a tile size, or a list of sizes summing to its extent; None: one tile."""
     if tiling is None:
-        _axes.group_by_name(name)
         _axes.clear_tiling(name)
     else:
         _axes.set_tiling(name, tiling)

@@ -23,7 +23,8 @@ from torch_nntile.backend.device import Buf, _buf, is_nntile, new_tensor, read
 from torch_nntile.graph.nodes import SESSION, DataNode
 from torch_nntile.kernels import Kernel
 from torch_nntile.ops.data import readout
-from torch_nntile.runtime.context import Batch, R, Runtime, W
+from torch_nntile.runtime.context import Runtime
+from torch_nntile.runtime.submission import Batch, R, W
 from torch_nntile.session import SESSION_STATE
 from torch_nntile.tiling.tiles import Given, TileArray
 

@@ -137,7 +137,10 @@ def set_tiling(name: str, tiling: int | list[int] | tuple[int, ...]) -> None:
 
 
 def clear_tiling(name: str) -> None:
-    _TILINGS.pop(name, None)
+    """Forget the tiling set for ``name``; a name no live group carries and no tiling
+    was set for is unknown, and raises."""
+    if _TILINGS.pop(name, None) is None:
+        group_by_name(name)
 
 
 def tiling_of(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None = None) -> tuple[int, ...]:

@@ -10,8 +10,11 @@ from torch_nntile import stats
 from torch_nntile.graph.nodes import DataNode, OpNode
 from torch_nntile.kernels import Kernel, native
 from torch_nntile.ops.base import Op, record
-from torch_nntile.runtime.context import HOST_COPY, Done, Runtime, failure_error, host_copy
+from torch_nntile.runtime.context import Runtime
+from torch_nntile.runtime.failures import failure_error
+from torch_nntile.runtime.host import HOST_COPY, host_copy
 from torch_nntile.runtime.interrupts import SHIELD
+from torch_nntile.runtime.workers import Done
 from torch_nntile.tiling.tiles import Arg, Lowering, R, W
 
 

@@ -1,6 +1,6 @@
 """cffi (API mode) build script for the StarPU shim.
 
-Every StarPU struct stays in C (``csrc/shim.c``, with the tile kernels of ``ew.c``,
+Every StarPU struct stays in C (``csrc/shim.c`` and the files beside it, with the tile kernels of ``ew.c``,
 ``rows.c``, ``nn.c``, ``typed.c`` and ``gemm.c``); Python sees the plain functions
 ``csrc/shim.h`` lists.
 Built at install time against whichever of ``starpu-1.4`` / ``starpu-1.3``
@@ -58,7 +58,9 @@ _cflags, _libs = _pkg_flags()
 ffibuilder.set_source(
     "torch_nntile.runtime._shim",
     '#include "shim.h"\n',
-    sources=[os.path.relpath(os.path.join(_CSRC, f)) for f in ("shim.c", "ew.c", "rows.c", "nn.c", "typed.c", "gemm.c")],
+    sources=[os.path.relpath(os.path.join(_CSRC, f))
+             for f in ("shim.c", "memory.c", "failures.c", "submit.c", "products.c", "share.c",
+                       "ew.c", "rows.c", "nn.c", "typed.c", "gemm.c")],
     include_dirs=[_CSRC],
     extra_compile_args=_cflags + ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wextra",
                                   "-Wno-unused-parameter"],

@@ -17,8 +17,9 @@ import torch
 from torch_nntile import stats
 from torch_nntile.graph.axes import describe, tiling_of
 from torch_nntile.kernels import KERNEL_TYPES, Kernel, KernelData, native
-from torch_nntile.runtime.context import RW, R, Runtime, TileSpec, W
+from torch_nntile.runtime.context import Runtime
 from torch_nntile.runtime.interrupts import in_finalizer, install, interrupt_later
+from torch_nntile.runtime.submission import RW, R, TileSpec, W
 
 Tiling = tuple[tuple[int, ...], ...]
 REUSE_DISTANCE = 8

@@ -62,7 +62,7 @@
      TNT_ROWS_INGRESS          as TNT_ROWS_COPY_BOXES, its one source (src 1) not a buffer but CPU
                                data the shim holds (tnt_blob_new; its address the one constant)
                                buffers: dst  (the task holds a reference to the data from its
-                               submission until it has run: shim.c)
+                               submission until it has run: submit.c)
 
      TNT_ROWS_INDEX_N          esize, ndim, m, shape[ndim], xstride[ndim], then per index tile j < m:
                                flags, n, xstep, dim, istride[ndim]
@@ -110,7 +110,7 @@ enum { TNT_MAP_EQ = 0, TNT_MAP_NE, TNT_MAP_LT, TNT_MAP_LE, TNT_MAP_GT, TNT_MAP_G
        TNT_MAP_MUL, TNT_MAP_WHERE, TNT_MAP_AND, TNT_MAP_OR, TNT_MAP_XOR, TNT_MAP_CAST, TNT_MAP_NOPS };
 
 /* What a kernel found wrong in its input values (the task fails with the matching
-   Python exception, named in runtime/context.py): an index out of range (of a lookup,
+   Python exception, named in runtime/submission.py): an index out of range (of a lookup,
    of an index tile), a target out of bounds. bad[0] is the offending value; for
    TNT_ROWS_BAD_SUBSCRIPT and TNT_ROWS_BAD_GATHER bad[1] and bad[2] are the dim and its size. */
 enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET, TNT_ROWS_BAD_SUBSCRIPT, TNT_ROWS_BAD_GATHER };

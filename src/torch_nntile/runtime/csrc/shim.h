@@ -1,6 +1,7 @@
-/* The StarPU shim's interface: every StarPU struct stays in shim.c; Python (cffi, API
-   mode) sees the plain functions below. _build_shim.py hands the block between the
-   "cdef" marks to cffi as they are, so this file is the one list of them. */
+/* The StarPU shim's interface: every StarPU struct stays in the shim's C files (shim.c
+   and the files it lists); Python (cffi, API mode) sees the plain functions below.
+   _build_shim.py hands the block between the "cdef" marks to cffi as they are, so
+   this file is the one list of them. */
 #ifndef TNT_SHIM_H
 #define TNT_SHIM_H
 
@@ -8,7 +9,8 @@
 #include <stdint.h>
 
 /* Callbacks into Python, defined by the cffi module (_build_shim.py declares each
-   line between the "callbacks" marks extern "Python+C": callable from shim.c). */
+   line between the "callbacks" marks extern "Python+C": callable from the shim's C
+   files). */
 /* callbacks begin */
 int64_t _tnt_kernel(int64_t key, uintptr_t *ptrs, int n, int worker, int64_t failed);
 int64_t _tnt_input_error(int name, int code, int64_t value, int64_t dim, int64_t size);

@@ -1,0 +1,138 @@
+"""Tile memory: handles registered with StarPU, kept as spares once their tiles die, freed
+once no compile asks for their size.
+
+A training loop then reuses last step's buffers instead of allocating (and
+page-faulting) them again. See docs/architecture/memory.md.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from torch_nntile import stats
+from torch_nntile.runtime.failures import Failure, _new_failure
+
+TRIM_S = 0.25  # at most this often, when the workers go idle, malloc's free pages go back to the system
+SPARE_COMPILES = 4  # compiles a size of spare handles may go unasked for before they are freed
+
+
+class TileMemory:
+    """Tile handles, their memory and the spares: a part of ``Runtime`` (runtime/context.py
+    sets up its state)."""
+
+    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
+        """Handles for the tiles of one value, of ``sizes`` items each: for each, a spare
+        of that size, else a new one.
+
+        A spare's old content is garbage; every tile's first task writes it (W). A
+        tile that gets no memory, even after the spares are freed, still gets a
+        handle: the values that need it fail when read (``TileMemoryError``).
+        """
+        stats.tiles_added(len(sizes))
+        keys = [(max(n, 1), elemsize) for n in sizes]
+        wanted, compiles = self._wanted, self._compiles
+        out: list[Any] = []
+        missed = 0
+        with self._spare_lock:  # once for the value's spares, not once a tile
+            spares = self._spares
+            for key in keys:
+                wanted[key] = compiles
+                free = spares.get(key)
+                if free:
+                    out.append(free.pop(0))  # the longest dead: its last readers are the likeliest done
+                else:
+                    out.append(None)
+                    missed += 1
+        if missed:  # registered outside the lock: freeing the spares to find memory takes it
+            out = [self._register(k) if h is None else h for h, k in zip(out, keys)]
+        return out
+
+    def _register(self, key: tuple[int, int]) -> Any:
+        """A new handle of ``key``'s size (items, item size), with memory where there is some."""
+        elemsize = key[1]
+        ok = self._alloc_ok
+        h = self.lib.tnt_register(key[0], elemsize, ok)
+        if not ok[0] and self._spares:  # as PyTorch's caching allocators do: free the cache, try again
+            self.lib.tnt_unregister_now(h)
+            self._free_spares_now()
+            h = self.lib.tnt_register(key[0], elemsize, ok)
+        self._size[h] = key
+        stats.COUNTS["tiles_registered"] += 1
+        if not ok[0]:
+            f = Failure(None, nbytes=key[0] * elemsize)
+            self.lib.tnt_set_no_memory(h, _new_failure(f))
+            self._no_memory[h] = self._unnamed[h] = f
+        return h
+
+    def reuse_key(self, h: Any) -> tuple[int, int] | None:
+        """The size of handle ``h`` (items, item size), or None if it may not hold another
+        tile (it got no memory: a new tile of its size may find some)."""
+        return None if h in self._no_memory else self._size[h]
+
+    def _free_spares_now(self) -> None:
+        """Wait for every task, then unregister the spares and free their memory at once."""
+        self.pause()
+        with self._spare_lock:
+            spares, self._spares = self._spares, {}
+        for handles in spares.values():
+            for h in handles:
+                del self._size[h]
+                self.lib.tnt_unregister_now(h)
+
+    def spare_count(self) -> int:
+        with self._spare_lock:
+            return sum(len(v) for v in self._spares.values())
+
+    def release(self, handles: list[Any]) -> None:
+        """Return dead tiles' handles to the spares (safe from any thread, after shutdown too)."""
+        if self.alive:
+            stats.tiles_added(-len(handles))
+            size, spares, bad = self._size, self._spares, self._no_memory
+            with self._spare_lock:
+                for h in handles:
+                    if bad and h in bad:  # never reused: a new tile of that size may find memory
+                        self._dead_no_memory.append(h)
+                    else:
+                        spares.setdefault(size[h], []).append(h)
+
+    def empty_cache(self) -> None:
+        """Unregister every spare handle now (their memory is freed once their last tasks ran)."""
+        self.check_alive()
+        with self._spare_lock:
+            spares, self._spares = self._spares, {}
+        for handles in spares.values():
+            self._unregister(handles)
+
+    def recycle(self, keep: int = SPARE_COMPILES) -> None:
+        """After a compile: unregister spares of sizes not asked for in ``keep`` compiles."""
+        self._compiles += 1
+        now, wanted = self._compiles, self._wanted
+        for key in [k for k, last in wanted.items() if now - last > keep]:
+            del wanted[key]
+        with self._spare_lock:
+            stale = [self._spares.pop(k) for k in [k for k in list(self._spares) if k not in wanted]]
+            dead, self._dead_no_memory = self._dead_no_memory, []
+        for h in dead:
+            self._no_memory.pop(h, None)
+            self._unnamed.pop(h, None)
+        for handles in [*stale, dead]:
+            self._unregister(handles)
+        self._trim_due()  # the workers may never go idle (a loop without waits): the pauser would not trim
+
+    def _trim_due(self) -> None:
+        """Return malloc's free pages to the system (see tnt_trim), at most every TRIM_S."""
+        now = time.monotonic()
+        if now - self._trimmed >= TRIM_S:
+            self._trimmed = now
+            self.lib.tnt_trim()
+
+    def _unregister(self, handles: list[Any]) -> None:
+        """Unregister handles after their submitted tasks; a task frees their memory."""
+        if not handles:
+            return
+        unreg, size = self.lib.tnt_unregister_submit, self._size
+        for h in handles:
+            del size[h]
+            unreg(h)
+        self._kick()

@@ -1,0 +1,361 @@
+"""Task submission: what StarPU is sent for a list of tasks (products and elementwise
+programs run in C, or a callback into Python per task), and that callback, which runs a
+Python kernel on tensors viewing its tiles. See docs/architecture/kernels.md.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torch_nntile import stats
+from torch_nntile.kernels import Gemm, Kernel, PackB
+from torch_nntile.kernels.native import input_error as native_input_error
+from torch_nntile.kernels.native import record as ew_record
+from torch_nntile.runtime.failures import Failure, _new_failure
+from torch_nntile.runtime.workers import Done
+
+if TYPE_CHECKING:
+    from torch_nntile.runtime.context import Runtime
+
+R, W, RW = 1, 2, 3  # STARPU_R, STARPU_W, STARPU_RW
+WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
+WHERE_CPU = 1 << 1  # STARPU_CPU
+
+TileSpec = tuple[int, torch.dtype, tuple[int, ...]]  # (nbytes, dtype, shape)
+
+_GEMM_NAMES = 4096  # TNT_NAMES in the shim: names of C-run tasks counted apart (the last id shared)
+OTHER_C_TASKS = "(other C-run tasks)"  # the name the shared id's tasks are counted under
+
+
+class Batch:
+    """Tasks as StarPU is sent them, less their handles (``Runtime.prepare``)."""
+
+    __slots__ = ("n", "_tasks", "nbufs", "modes", "ngemm", "gemm", "coef", "n_ew", "ew", "ewc", "closures", "ew_at",
+                 "py_at")
+
+    def __init__(self, tasks: list[Any], nbufs: Any, modes: Any, ngemm: int, gemm: Any, coef: Any, n_ew: int,
+                 ew: Any, ewc: Any, closures: list[tuple[int, Callable[..., None], list[TileSpec], str]],
+                 ew_at: dict[int, tuple[int, int]]) -> None:
+        self.n, self._tasks = len(tasks), tasks
+        self.nbufs, self.modes, self.ngemm, self.gemm, self.coef = nbufs, modes, ngemm, gemm, coef
+        self.n_ew, self.ew, self.ewc, self.closures = n_ew, ew, ewc, closures
+        self.ew_at = ew_at  # task -> where its C program's record and constants are in ``ew`` and ``ewc``
+        self.py_at = {c[0]: j for j, c in enumerate(closures)}  # task -> its entry in ``closures``
+
+    def tasks(self, handles: list[Any]) -> list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]]:
+        """The tasks again, on ``handles`` (for naming failures: the rare path)."""
+        out, off = [], 0
+        for fn, _old, modes, specs, name in self._tasks:
+            out.append((fn, handles[off:off + len(modes)], modes, specs, name))
+            off += len(modes)
+        return out
+
+
+class Submission:
+    """Preparing and submitting tasks, and the C-run tasks' names and counts: a part of
+    ``Runtime`` (runtime/context.py sets up its state)."""
+
+    def submit(self, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
+               notify: Done | None = None) -> None:
+        """Submit tasks (kernel, handles, modes, specs, name) in order; returns at once.
+
+        ``notify`` is set once the last task has run and been accounted for. If this
+        raises, ``self.sent`` says how many of the tasks reached StarPU; the tiles the
+        others would have written hold the error.
+        """
+        if not self._dry_run_counts(len(tasks)):  # a dry run prepares nothing
+            self.submit_batch(self.prepare(tasks, notify is not None), [h for t in tasks for h in t[1]], notify)
+
+    def _dry_run_counts(self, n: int) -> bool:
+        """Start a submission of ``n`` tasks: True under TORCH_NNTILE_SKIP_STARPU, where
+        they are only counted."""
+        self.sent = 0
+        self.check_alive()
+        if self.skip_starpu:
+            stats.COUNTS["tasks_skipped"] += n
+            return True
+        return False
+
+    def prepare(self, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
+                notify_last: bool = False) -> Batch:
+        """What StarPU is sent for ``tasks``, less their handles: which tasks run in C
+        and with what arguments, which call back into Python. A replayed step
+        (``capture``) prepares its tasks once and submits them with new handles."""
+        native = self.native_gemm and not _SKIP_KERNELS
+        name_id, dtypes = self._name_id, self._gemm_dtypes
+        f32 = torch.float32
+        nbufs: list[int] = []
+        ms: list[int] = []
+        gemm: list[int] = []
+        coef: list[float] = []
+        ew: list[int] = []
+        ewc: list[float] = []
+        native_ew = self.native_ew and not _SKIP_KERNELS
+        n_ew = 0
+        closures: list[tuple[int, Callable[..., None], list[TileSpec], str]] = []
+        ew_at: dict[int, tuple[int, int]] = {}
+        last = len(tasks) - 1
+        for i, (fn, handles, modes, specs, name) in enumerate(tasks):
+            nbufs.append(len(handles))
+            ms += modes
+            kind = type(fn)
+            if native and (kind is Gemm or kind is PackB) and (i != last or not notify_last):
+                dt = specs[0][1]
+                nid = name_id(name)
+                if kind is PackB:  # planned by the lowering only when natively run
+                    gemm += (i, 2, 0, fn.tb, fn.m, fn.n, fn.k, 0, nid, 1)
+                    coef += (fn.alpha, 0.0)
+                    continue
+                if dt in dtypes and (dt is f32 or not fn.packed_b):
+                    oshape, xs = specs[0][2], specs[1][2]
+                    batch = oshape[0] if len(oshape) == 3 else 1
+                    m, nn = oshape[-2:]
+                    gemm += (i, int(fn.packed_b), fn.ta, fn.tb, m, nn, xs[-2] if fn.ta else xs[-1],
+                             dt is torch.float64, nid, batch)
+                    coef += (fn.alpha, 1.0 if fn.accumulate else 0.0)
+                    continue
+            elif native_ew and kind is Kernel and (i != last or not notify_last):
+                rec = ew_record(fn, specs)
+                if rec is not None:
+                    ints, consts = rec
+                    ew_at[i] = (len(ew), len(ewc))
+                    ew += (i, name_id(name), len(ints), len(consts))
+                    ew += ints
+                    ewc += consts
+                    n_ew += 1
+                    continue
+            closures.append((i, fn, specs, name))
+        ffi = self.ffi
+        return Batch(tasks, ffi.new("int[]", nbufs), ffi.new("int[]", ms), len(gemm) // 10, ffi.new("int[]", gemm),
+                     ffi.new("double[]", coef), n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), closures, ew_at)
+
+    def _name_id(self, name: str) -> int:
+        """The id a C-run task's name is counted under; past the first _GEMM_NAMES - 1
+        names, all share the last (a long-running process meets many fused chains)."""
+        names = self._gemm_names
+        nid = names.get(name)
+        if nid is None:
+            if len(names) >= _GEMM_NAMES - 1:
+                return _GEMM_NAMES - 1
+            nid = names[name] = len(names)
+        return nid
+
+    def _name_ids(self) -> list[tuple[str, int]]:
+        """Every (name, id) C-run tasks are counted under, the shared one last."""
+        return [*self._gemm_names.items(), (OTHER_C_TASKS, _GEMM_NAMES - 1)]
+
+    def rebind(self, b: Batch, tasks: list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]],
+               changed: Iterable[int]) -> bool:
+        """Give the prepared ``b`` the kernels of ``tasks`` at the indices ``changed``, in
+        place; False (``b`` then half changed: prepare anew) where that changes more than
+        a C program's constants or a Python task's callable (another program, a task
+        that would now run elsewhere). The optimizer's per-step scalars take this path."""
+        native_ew = self.native_ew and not _SKIP_KERNELS
+        ew, ewc, py_at = b.ew, b.ewc, b.py_at
+        for i in changed:
+            fn, _handles, _modes, specs, name = tasks[i]
+            kind = type(fn)
+            at = b.ew_at.get(i)
+            if at is not None:
+                rec = ew_record(fn, specs) if kind is Kernel else None
+                if rec is None:
+                    return False
+                ints, consts = rec
+                o, c = at
+                if ew[o + 2] != len(ints) or ew[o + 3] != len(consts) or list(ew[o + 4:o + 4 + len(ints)]) != list(ints):
+                    return False
+                ewc[c:c + len(consts)] = consts
+                continue
+            j = py_at.get(i)
+            if j is None or kind is not Kernel or native_ew and ew_record(fn, specs) is not None:
+                return False  # a product's (its coefficients), or one that would run in C now
+            b.closures[j] = (i, fn, specs, name)
+        return True
+
+    def submit_batch(self, b: Batch, handles: list[Any], notify: Done | None = None) -> None:
+        """Submit a prepared batch on ``handles`` (every task's, in order); as ``submit``."""
+        if self._dry_run_counts(b.n):
+            return
+        n = b.n
+        if self._unnamed:
+            self._name_failures(b.tasks(handles))
+        key0, last = self._next, n - 1
+        self._next = key0 + n
+        _CLOSURES.update({key0 + i: (fn, specs, name, notify if i == last else None)
+                          for i, fn, specs, name in b.closures})
+        ffi = self.ffi
+        out = ffi.new("int[2]")  # tasks that went in, StarPU's error
+        # The batch goes to StarPU in one C call that does not hold the GIL, so the
+        # workers keep running (and Python kernels keep their turns) while it goes in.
+        args = (n, key0, b.nbufs, ffi.new("tnt_handle[]", handles), b.modes, b.ngemm, b.gemm, b.coef, b.n_ew, b.ew,
+                b.ewc, int(stats.TRACE is not None), self.where, int(notify is not None), out)
+        try:
+            with self._lock:
+                try:
+                    self.lib.tnt_submit_batch(*args)
+                finally:
+                    done = self.sent = out[0]
+                    self.tasks_submitted += done
+                    stats.COUNTS["tasks_submitted"] += done
+                    if done and self.paused:
+                        self.lib.tnt_resume()
+                        self.paused = False
+                    self._epoch += 1
+            self._drain.set()
+        finally:
+            if out[0] < n:
+                for key in range(key0 + out[0], key0 + n):
+                    _CLOSURES.pop(key, None)
+        if done < n:
+            tasks = b.tasks(handles)
+            name = tasks[done][4]
+            err = RuntimeError(f"starpu_task_submit failed ({out[1]}) for {name}")
+            self._fail_writes(tasks[done:], Failure(name, err), reported=True)
+            raise err
+
+    def _fail_writes(self, tasks: list[Any], f: Failure, reported: bool) -> None:
+        """The tiles ``tasks`` would have written hold failure ``f`` (in order after their earlier tasks)."""
+        fid = _new_failure(f, reported)
+        for _fn, handles, modes, _specs, _name in tasks:
+            for h, m in zip(handles, modes):
+                if m & W:
+                    self.lib.tnt_submit_fail(h, fid)
+        self._kick()
+
+    def _name_failures(self, tasks: list[Any]) -> None:
+        """A tile without memory is named after the first task that writes it."""
+        unnamed = self._unnamed
+        for _fn, handles, _modes, _specs, name in tasks:
+            for h in handles:
+                f = unnamed.pop(h, None)
+                if f is not None:
+                    f.op = name
+                    if not unnamed:
+                        return
+
+    @property
+    def dry_run(self) -> str | None:
+        """The active dry-run switch, if any: results are then not meaningful."""
+        if self.skip_starpu:
+            return "TORCH_NNTILE_SKIP_STARPU"
+        return "TORCH_NNTILE_SKIP_KERNELS" if _SKIP_KERNELS else None
+
+    def pack_size(self, m: int, n: int, k: int) -> int:
+        """Bytes of a float32 B operand (k x n) packed for products with ``m`` rows, or 0
+        when products do not run natively with a BLAS that packs."""
+        if not self.native_gemm or _SKIP_KERNELS:
+            return 0
+        return int(self.lib.tnt_pack_size(m, n, k))
+
+    def _collect_native(self) -> None:
+        """Fold the counts, kernel seconds and trace events of C-run tasks into stats."""
+        ffi, lib = self.ffi, self.lib
+        calls, secs = ffi.new("int64_t *"), ffi.new("double *")
+        for name, nid in self._name_ids():
+            for w, per in enumerate(stats.KERNELS):
+                lib.tnt_gemm_take_stats(w, nid, calls, secs)
+                if calls[0]:
+                    st = per.setdefault(name, [0, 0.0])
+                    st[0] += calls[0]
+                    st[1] += secs[0]
+        cap = lib.tnt_gemm_event_count()  # recorded only for tasks submitted while tracing
+        if cap:
+            keys, workers, nids, t0, t1 = bufs = (ffi.new("int64_t[]", cap), ffi.new("int[]", cap),
+                                                  ffi.new("int[]", cap), ffi.new("double[]", cap),
+                                                  ffi.new("double[]", cap))
+            n = lib.tnt_gemm_take_events(*bufs, cap)
+            trace = stats.TRACE
+            if trace is not None:
+                ids = {nid: name for name, nid in self._name_ids()}
+                trace.extend((keys[i], ids[nids[i]], workers[i], t0[i], t1[i]) for i in range(n))
+
+
+_CURRENT: Runtime | None = None  # set by each Runtime; context.current() returns it
+_CLOSURES: dict[int, tuple[Callable[..., None], list[TileSpec], str, Done | None]] = {}
+# (address, spec) -> tensor viewing that memory. Spares reuse buffers, so the same
+# tile comes back every step and building a tensor (~6 us) is paid once. The view
+# does not own the memory; kernels must not change a tile tensor's metadata.
+_TENSOR_CACHE: dict[tuple[int, TileSpec], torch.Tensor] = {}
+_WORKERS_READY: set[int] = set()
+_BOUND = False
+_SKIP_KERNELS = False  # TORCH_NNTILE_SKIP_KERNELS, read once by each Runtime
+
+
+def _bind_callback(ffi: Any) -> None:
+    global _BOUND
+    if _BOUND:
+        return
+    _BOUND = True
+    perf = stats.perf
+    cache = _TENSOR_CACHE
+    kstats = stats.KERNELS
+    done = stats.DONE
+
+    def _internal_error(exc_type: type, exc: BaseException, tb: Any) -> int:
+        """The callback itself failed (not the kernel): what the task writes fails too."""
+        return _new_failure(Failure("(runtime callback)", exc))
+
+    @ffi.def_extern(onerror=_internal_error)
+    def _tnt_input_error(nid: int, code: int, value: int, dim: int, size: int) -> int:
+        """A C kernel found a bad value in its inputs (rare: the GIL is taken only then)."""
+        rt = _CURRENT
+        names = rt._name_ids() if rt is not None else []
+        name = next((n for n, i in names if i == nid), "(C kernel)")
+        return _new_failure(Failure(name, native_input_error(code, value, dim, size)))
+
+    @ffi.def_extern(onerror=_internal_error)
+    def _tnt_kernel(key: int, ptrs: Any, n: int, worker: int, failed: int) -> int:  # noqa: ANN001
+        """Run the kernel of task ``key`` on its tiles, unless an input holds failure
+        ``failed``; return the failure what it wrote holds (0: none)."""
+        fn, specs, name, notify = _CLOSURES.pop(key)
+        try:
+            if not failed:
+                if worker not in _WORKERS_READY:
+                    torch.set_num_threads(1)
+                    _WORKERS_READY.add(worker)
+                tensors = []
+                for i in range(n):
+                    spec = specs[i]
+                    addr = ptrs[i]
+                    t = cache.get((addr, spec))
+                    if t is None:
+                        t = _tile_tensor(addr, spec)
+                    tensors.append(t)
+                t0 = perf()
+                if not _SKIP_KERNELS:
+                    fn(*tensors)
+                t1 = perf()
+                st = kstats[worker].get(name)
+                if st is None:
+                    kstats[worker][name] = [1, t1 - t0]
+                else:
+                    st[0] += 1
+                    st[1] += t1 - t0
+                trace = stats.TRACE
+                if trace is not None:
+                    trace.append((key, name, worker, t0, t1))
+        except BaseException as exc:  # noqa: BLE001 - raised where its values are read
+            traceback.clear_frames(exc.__traceback__)  # keep the lines, drop the tiles and closures
+            failed = _new_failure(Failure(name, exc))
+        finally:
+            done[worker] += 1
+            if notify is not None:
+                notify.failure = failed
+                notify.set()
+        return failed
+
+
+def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:
+    nbytes, dtype, shape = spec
+    ffi = _CURRENT.ffi  # type: ignore[union-attr]
+    flat = (torch.frombuffer(ffi.buffer(ffi.cast("void *", addr), nbytes), dtype=torch.uint8) if nbytes
+            else torch.empty(0, dtype=torch.uint8))
+    t = flat.view(dtype).view(shape)
+    if len(_TENSOR_CACHE) > 100_000:
+        _TENSOR_CACHE.clear()
+    _TENSOR_CACHE[(addr, spec)] = t
+    return t
