@@ -21,6 +21,7 @@ print(y.cpu())  # flushes: compile, run on StarPU, wait, read back
 
 from __future__ import annotations
 
+import os
 from importlib import metadata as _metadata
 
 import torch
@@ -45,6 +46,7 @@ from torch_nntile.report import (
     trace,
 )
 from torch_nntile.runtime.failures import KernelError, TileMemoryError
+from torch_nntile.runtime.ooc import OutOfCore
 from torch_nntile.runtime.submission import WHERE_ANY, WHERE_CPU
 from torch_nntile.session import SESSION_STATE as _S
 from torch_nntile.session import Progress
@@ -68,12 +70,19 @@ __all__ = [
 torch.__future__.set_swap_module_params_on_conversion(True)
 
 
-def init_context(ncpu: int | None = None, ncuda: int = 0, cpu_fallback: bool = False, scheduler: str | None = None) -> None:
+def init_context(ncpu: int | None = None, ncuda: int = 0, cpu_fallback: bool = False, scheduler: str | None = None,
+                 memory_limit: int | None = None, swap_dir: str | os.PathLike | None = None,
+                 swap_size: int | None = None) -> None:
     """Start StarPU with ``ncpu`` CPU workers: by default one per core this process may
     run on (the first op starts a context with the defaults by itself). More workers
     than cores is allowed. ``cpu_fallback`` runs ATen ops that nntile lacks on the CPU
-    (counted) instead of raising; ``scheduler`` names a StarPU scheduler (default ``lws``)."""
-    _S.init(ncpu, ncuda, cpu_fallback, scheduler)
+    (counted) instead of raising; ``scheduler`` names a StarPU scheduler (default ``lws``).
+
+    Out of core: with ``memory_limit`` (bytes), tiles take at most that much RAM and
+    StarPU evicts the rest to files in ``swap_dir`` (an existing, writable folder), at
+    most ``swap_size`` bytes of them (default: half the folder's free space), loading
+    each back before a task reads it. Experimental: it needs ``TORCH_NNTILE_EXPERIMENTAL_OOC=1``."""
+    _S.init(ncpu, ncuda, cpu_fallback, scheduler, OutOfCore.make(memory_limit, swap_dir, swap_size))
 
 
 def shutdown_context() -> None:

@@ -25,6 +25,7 @@ from torch_nntile.ops.data import readout
 from torch_nntile.ops.fusion import fuse_elementwise
 from torch_nntile.runtime.context import Runtime
 from torch_nntile.runtime.interrupts import SHIELD
+from torch_nntile.runtime.ooc import OutOfCore
 from torch_nntile.tiling.reuse import StepCache
 from torch_nntile.tiling.tiles import Lowering
 
@@ -89,22 +90,23 @@ class Session:
         self.thread = 0  # the thread that recorded the last op (see thread_switched)
         self.thread_flush_ops = THREAD_FLUSH_OPS
 
-    def init(self, ncpu: int | None, ncuda: int, cpu_fallback: bool, scheduler: str | None) -> None:
+    def init(self, ncpu: int | None, ncuda: int, cpu_fallback: bool, scheduler: str | None,
+             ooc: OutOfCore | None = None) -> None:
         if ncuda:
             raise ValueError(f"ncuda={ncuda}: this StarPU build has no CUDA workers; use ncuda=0")
         if ncpu is None:
             ncpu = default_ncpu()
-        config = (ncpu, scheduler)
+        config = (ncpu, scheduler, ooc)
         if self.rt is not None and self.rt.alive:
             if config != self.config:
                 raise RuntimeError(
                     f"torch_nntile context already initialized with ncpu={self.config[0]}, "
-                    f"scheduler={self.config[1]!r}; call shutdown_context() first to start one with "
-                    f"ncpu={ncpu}, scheduler={scheduler!r}"
+                    f"scheduler={self.config[1]!r}, out of core {self.config[2]}; call shutdown_context() first to "
+                    f"start one with ncpu={ncpu}, scheduler={scheduler!r}, out of core {ooc}"
                 )
             self.cpu_fallback = cpu_fallback
             return
-        self.rt = Runtime(ncpu, scheduler)
+        self.rt = Runtime(ncpu, scheduler, ooc)
         self.steps = StepCache()
         self.config = config
         self.cpu_fallback = cpu_fallback

@@ -22,6 +22,7 @@ from torch_nntile.runtime import submission
 from torch_nntile.runtime.failures import Failure
 from torch_nntile.runtime.host import _find_blas, _warm_vector_math
 from torch_nntile.runtime.memory import TileMemory
+from torch_nntile.runtime.ooc import OutOfCore
 from torch_nntile.runtime.submission import _CLOSURES, _TENSOR_CACHE, _WORKERS_READY, WHERE_ANY, Submission, _bind_callback
 from torch_nntile.runtime.workers import Latch, Workers, _worker_nice
 
@@ -29,7 +30,7 @@ from torch_nntile.runtime.workers import Latch, Workers, _worker_nice
 class Runtime(TileMemory, Submission, Workers):
     """One StarPU session. Create through ``torch_nntile.init_context``."""
 
-    def __init__(self, ncpu: int, scheduler: str | None) -> None:
+    def __init__(self, ncpu: int, scheduler: str | None, ooc: OutOfCore | None = None) -> None:
         if ncpu < 1:
             raise ValueError(f"ncpu must be at least 1, got {ncpu}")
         os.environ.setdefault("STARPU_HOME", os.path.join(tempfile.gettempdir(), "torch_nntile_starpu"))
@@ -39,9 +40,28 @@ class Runtime(TileMemory, Submission, Workers):
         self.ffi, self.lib = _shim.ffi, _shim.lib
         _bind_callback(self.ffi)
         _warm_vector_math()
-        rc = self.lib.tnt_init(ncpu, (scheduler or "lws").encode(), _worker_nice())
+        nice = _worker_nice()
+        limit = os.environ.get("STARPU_LIMIT_CPU_MEM")
+        if ooc is not None:  # StarPU reads its RAM budget once, at init
+            os.environ["STARPU_LIMIT_CPU_MEM"] = str(ooc.limit_mib)
+        try:
+            rc = self.lib.tnt_init(ncpu, (scheduler or "lws").encode(), nice)
+        finally:
+            if ooc is not None:
+                if limit is None:
+                    os.environ.pop("STARPU_LIMIT_CPU_MEM", None)
+                else:
+                    os.environ["STARPU_LIMIT_CPU_MEM"] = limit
         if rc != 0:
             raise RuntimeError(f"starpu_init failed with code {rc}")
+        self.ooc = ooc
+        if ooc is not None:
+            node = self.lib.tnt_add_disk(ooc.swap_dir.encode(), ooc.swap_size)
+            if node < 0:
+                self.lib.tnt_shutdown()
+                raise OSError(f"torch_nntile: StarPU could not open a disk node of {ooc.swap_size} bytes in swap_dir "
+                              f"{ooc.swap_dir!r} (error {node})")
+            self.lib.tnt_set_managed(ooc.memory_limit)
         self.ncpu = int(self.lib.tnt_ncpu())
         stats.ensure_workers(int(self.lib.tnt_nworkers()))
         # Dry-run switches (read once per context): time the host side alone.
@@ -58,7 +78,9 @@ class Runtime(TileMemory, Submission, Workers):
         # thread; otherwise they run as torch calls.
         blas = _find_blas()
         self.lib.tnt_set_blas(*blas[:3], int(submission._SKIP_KERNELS))
-        self.lib.tnt_set_pack(*blas[3:])
+        # MKL's packed B is opaque and may not survive a move to disk and back to another
+        # address: out of core, products pack nothing.
+        self.lib.tnt_set_pack(*((0, 0, 0) if ooc is not None else blas[3:]))
         # Float32 products on a B tile shared by several row tiles (packed once), and
         # large ones on a B read as stored, run the shim's own AVX-512 kernels on AMD
         # CPUs, where they beat MKL's; elsewhere MKL's packed API and sgemm.
@@ -142,6 +164,7 @@ class Runtime(TileMemory, Submission, Workers):
             self._collect_native()
             stats.COLLECTORS.remove(self._collect_native)
             self.lib.tnt_shutdown()
+            self.lib.tnt_set_managed(0)
             _TENSOR_CACHE.clear()
             _WORKERS_READY.clear()
             _CLOSURES.clear()

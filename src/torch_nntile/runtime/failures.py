@@ -48,11 +48,12 @@ class Failure:
     no memory (``nbytes``). ``op`` is the task name that failed; ``reported`` once
     some readout or wait() raised it."""
 
-    __slots__ = ("op", "exc", "nbytes", "reported", "note")
+    __slots__ = ("op", "exc", "nbytes", "reported", "note", "limit")
 
     def __init__(self, op: str | None, exc: BaseException | None = None, nbytes: int | None = None,
-                 note: str | None = None) -> None:
+                 note: str | None = None, limit: int | None = None) -> None:
         self.op, self.exc, self.nbytes, self.note = op, exc, nbytes, note
+        self.limit = limit  # out of core: the memory_limit the tile exceeds
         self.reported = False
 
     def error(self) -> KernelError:
@@ -61,8 +62,10 @@ class Failure:
             return KernelError(f"torch_nntile: {self.note}")
         if self.nbytes is not None:
             what = f"a tile of {self.op}" if self.op else "a tile"
+            over = "" if self.limit is None else \
+                f", more than the out-of-core memory_limit of {self.limit} bytes ({_human(self.limit)})"
             return TileMemoryError(f"torch_nntile: not enough memory for {what}: you tried to allocate "
-                                   f"{self.nbytes} bytes ({_human(self.nbytes)})")
+                                   f"{self.nbytes} bytes ({_human(self.nbytes)}){over}")
         exc = self.exc
         return KernelError.like(exc, f"tile kernel of {self.op} failed: {type(exc).__name__}: {exc}")
 

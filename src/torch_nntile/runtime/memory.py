@@ -60,7 +60,7 @@ class TileMemory:
         self._size[h] = key
         stats.COUNTS["tiles_registered"] += 1
         if not ok[0]:
-            f = Failure(None, nbytes=key[0] * elemsize)
+            f = Failure(None, nbytes=key[0] * elemsize, limit=self.ooc.memory_limit if self.ooc else None)
             self.lib.tnt_set_no_memory(h, _new_failure(f))
             self._no_memory[h] = self._unnamed[h] = f
         return h

@@ -99,6 +99,28 @@ void tnt_free_func(void *buffers[], void *cl_arg)
 
 struct starpu_codelet tnt_free_cl;
 
+/* Out of core: tiles whose memory StarPU allocates (on their first write) and may evict
+   to a disk node and load back, within STARPU_LIMIT_CPU_MEM. StarPU never evicts memory
+   the application supplied, so in this mode no tile memory is allocated here. */
+static int tnt_managed;
+static size_t tnt_managed_limit;  /* bytes of RAM StarPU may allocate; a larger tile never fits */
+#define TNT_PAGE ((size_t)4096)
+
+void tnt_set_managed(int64_t limit)
+{
+    tnt_managed = limit > 0;
+    tnt_managed_limit = limit > 0 ? (size_t)limit : 0;
+    if (tnt_managed)
+        starpu_malloc_set_align(64);  /* the C kernels' vectors, as tnt_alloc gives */
+}
+
+/* A disk node of nbytes in the folder path, read and written with O_DIRECT so that the
+   page cache does not keep evicted tiles in RAM. Its memory node, or a negative errno. */
+int tnt_add_disk(const char *path, int64_t nbytes)
+{
+    return starpu_disk_register(&starpu_disk_unistd_o_direct_ops, (void *)path, (starpu_ssize_t)nbytes);
+}
+
 /* A tile of nelems items in memory allocated here, registered with main RAM as its
    home. *allocated = 0 when there is no memory for it: the handle then has none
    (the caller marks it with tnt_set_no_memory before any task uses it) and is
@@ -108,6 +130,20 @@ struct starpu_codelet tnt_free_cl;
 tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated)
 {
     size_t nbytes = nelems * elemsize;
+    if (tnt_managed) {  /* no home: StarPU allocates where the first writer runs */
+        /* The O_DIRECT disk node moves whole pages: the tile is registered as the pages
+           that hold it (every element size divides a page); kernels see only its items. */
+        size_t padded = (nbytes + TNT_PAGE - 1) / TNT_PAGE * TNT_PAGE;
+        starpu_data_handle_t m;
+        *allocated = padded <= tnt_managed_limit;
+        if (!*allocated)  /* StarPU would wait forever for room it can never make */
+            starpu_vector_data_register(&m, -1, 0, 0, elemsize);
+        else if (padded / elemsize <= UINT32_MAX)
+            starpu_vector_data_register(&m, -1, 0, (uint32_t)(padded / elemsize), elemsize);
+        else
+            starpu_vector_data_register(&m, -1, 0, 1, padded);
+        return (tnt_handle)m;
+    }
     void *p = tnt_alloc(nbytes);
     *allocated = p != NULL;
     starpu_data_handle_t h;
@@ -130,6 +166,10 @@ void tnt_set_no_memory(tnt_handle h, int64_t failure)
 void tnt_unregister_submit(tnt_handle h)
 {
     starpu_data_handle_t d = (starpu_data_handle_t)h;
+    if (tnt_managed) {  /* StarPU frees what it allocated */
+        starpu_data_unregister_submit(d);
+        return;
+    }
     struct starpu_task *task = starpu_task_create();
     task->cl = &tnt_free_cl;
     task->handles[0] = d;
@@ -147,6 +187,10 @@ void tnt_unregister_submit(tnt_handle h)
 void tnt_unregister_now(tnt_handle h)
 {
     starpu_data_handle_t d = (starpu_data_handle_t)h;
+    if (tnt_managed) {
+        starpu_data_unregister_no_coherency(d);
+        return;
+    }
     void *p = starpu_data_handle_to_pointer(d, STARPU_MAIN_RAM);
     size_t nbytes = tnt_nbytes(d);
     starpu_data_unregister(d);
