@@ -95,6 +95,8 @@ class TileMemory:
                         self._dead_no_memory.append(h)
                     else:
                         spares.setdefault(size[h], []).append(h)
+                        if self.ooc is not None:  # not worth a disk write: see tnt_invalidate_submit
+                            self.lib.tnt_invalidate_submit(h)
 
     def empty_cache(self) -> None:
         """Unregister every spare handle now (their memory is freed once their last tasks ran)."""

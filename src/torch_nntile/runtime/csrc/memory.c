@@ -114,6 +114,14 @@ void tnt_set_managed(int64_t limit)
         starpu_malloc_set_align(64);  /* the C kernels' vectors, as tnt_alloc gives */
 }
 
+/* Out of core: a dead tile's value is dropped once its last readers ran, so StarPU
+   neither writes it to disk to make room nor reads it back; the memory stays with the
+   handle for the next tile of its size. */
+void tnt_invalidate_submit(tnt_handle h)
+{
+    starpu_data_invalidate_submit((starpu_data_handle_t)h);
+}
+
 /* A disk node of nbytes in the folder path, read and written with O_DIRECT so that the
    page cache does not keep evicted tiles in RAM. Its memory node, or a negative errno. */
 int tnt_add_disk(const char *path, int64_t nbytes)

@@ -29,6 +29,7 @@ void *tnt_blob_new(size_t nbytes);
 void tnt_blob_release(void *data);
 tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated);
 void tnt_set_managed(int64_t limit);
+void tnt_invalidate_submit(tnt_handle h);
 int tnt_add_disk(const char *path, int64_t nbytes);
 void tnt_unregister_submit(tnt_handle h);
 void tnt_unregister_now(tnt_handle h);
