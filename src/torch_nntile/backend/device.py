@@ -92,18 +92,12 @@ class _BackendModule:
             return False
 
 
-def _load_native() -> bool:
-    """Load the backend's C++ library beside this module, if it was built. Its static
-    registrars run on load: the view kernels (``csrc/views.cpp``), the C++ device guard
-    (``csrc/device_guard.cpp``) and the device's hooks (``csrc/hooks.cpp``: pinned
-    memory). False where it was not built (a build without torch, such as the wheel's)."""
+def _native_library() -> str | None:
+    """The backend's C++ library beside this module, or None where it was not built (a
+    build without torch, such as the wheel's)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    lib = next((os.path.join(here, f) for f in sorted(os.listdir(here)) if f.startswith("_native.") and f.endswith(".so")),
-               None)
-    if lib is None:
-        return False
-    torch.ops.load_library(lib)
-    return True
+    return next((os.path.join(here, f) for f in sorted(os.listdir(here)) if f.startswith("_native.") and f.endswith(".so")),
+                None)
 
 
 def _register() -> bool:
@@ -112,12 +106,14 @@ def _register() -> bool:
     ``_setup_privateuseone_for_python_backend``, except that the hooks come from the C++
     library where it was built (PyTorch takes one hooks object per process, and only C++
     hooks can hand out pinned memory). Returns whether that library is loaded."""
+    lib = _native_library()
     if torch._C._get_privateuse1_backend_name() == DEVICE:  # this module imported again
-        return any(f.startswith("_native.") for f in os.listdir(os.path.dirname(os.path.abspath(__file__))))
+        return lib is not None
     torch.utils.rename_privateuse1_backend(DEVICE)
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module(DEVICE, _BackendModule)
-    if _load_native():
+    if lib is not None:  # its static registrars run on load: the view kernels (csrc/views.cpp),
+        torch.ops.load_library(lib)  # the C++ device guard (csrc/device_guard.cpp), the hooks (csrc/hooks.cpp)
         return True
     torch._C._acc.register_python_privateuseone_hook(_DummyPrivateUse1Hook())
     torch._C._acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())

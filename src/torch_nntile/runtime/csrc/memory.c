@@ -4,7 +4,8 @@
 
    Tile memory is allocated here, not by StarPU: StarPU waits forever for memory that
    cannot be had, while a failed allocation here is known at once and becomes a failure
-   of the values that need that tile. Each handle's ``user_data`` says whether its
+   of the values that need that tile. Out of core (tnt_set_managed) StarPU allocates it,
+   so that it can evict it. Each handle's ``user_data`` says whether its
    current value exists (see ``tnt_task_failure`` in failures.c), so that a task whose
    inputs failed skips its kernel and passes the failure on to what it writes. */
 #include <starpu.h>
@@ -138,29 +139,27 @@ int tnt_add_disk(const char *path, int64_t nbytes)
 tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated)
 {
     size_t nbytes = nelems * elemsize;
+    int home = STARPU_MAIN_RAM;
+    void *p = NULL;
     if (tnt_managed) {  /* no home: StarPU allocates where the first writer runs */
         /* The O_DIRECT disk node moves whole pages: the tile is registered as the pages
-           that hold it (every element size divides a page); kernels see only its items. */
-        size_t padded = (nbytes + TNT_PAGE - 1) / TNT_PAGE * TNT_PAGE;
-        starpu_data_handle_t m;
-        *allocated = padded <= tnt_managed_limit;
-        if (!*allocated)  /* StarPU would wait forever for room it can never make */
-            starpu_vector_data_register(&m, -1, 0, 0, elemsize);
-        else if (padded / elemsize <= UINT32_MAX)
-            starpu_vector_data_register(&m, -1, 0, (uint32_t)(padded / elemsize), elemsize);
-        else
-            starpu_vector_data_register(&m, -1, 0, 1, padded);
-        return (tnt_handle)m;
+           that hold it (every element size divides a page); kernels see only its items.
+           A tile larger than the limit would make StarPU wait forever for room. */
+        nbytes = (nbytes + TNT_PAGE - 1) / TNT_PAGE * TNT_PAGE;
+        nelems = nbytes / elemsize;
+        home = -1;
+        *allocated = nbytes <= tnt_managed_limit;
+    } else {
+        p = tnt_alloc(nbytes);
+        *allocated = p != NULL;
     }
-    void *p = tnt_alloc(nbytes);
-    *allocated = p != NULL;
     starpu_data_handle_t h;
-    if (p == NULL && nbytes)
-        starpu_vector_data_register(&h, STARPU_MAIN_RAM, 0, 0, elemsize);
+    if (!*allocated)
+        starpu_vector_data_register(&h, home, 0, 0, elemsize);
     else if (nelems <= UINT32_MAX)
-        starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, (uint32_t)nelems, elemsize);
+        starpu_vector_data_register(&h, home, (uintptr_t)p, (uint32_t)nelems, elemsize);
     else
-        starpu_vector_data_register(&h, STARPU_MAIN_RAM, (uintptr_t)p, 1, nbytes);
+        starpu_vector_data_register(&h, home, (uintptr_t)p, 1, nbytes);
     return (tnt_handle)h;
 }
 
