@@ -139,6 +139,15 @@ def _peak_mib(reset: bool) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux: the process's lifetime peak
 
 
+def rss_now_mib() -> float:
+    """The process's resident set now, in MiB (``VmRSS``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024  # kB
+    return 0.0
+
+
 def rss_side(step: Step, warmup: int, steps: int, on_nntile: bool) -> None:
     """The body of a ``--rss-side`` process: warm up, reset the peak, run ``steps`` steps
     and print their peak resident set."""

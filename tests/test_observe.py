@@ -23,8 +23,8 @@ from torch_nntile.backend import fallback as _fallback_mod
 PHASES = {"record", "ingress", "fallback", "compile", "compile.reuse", "compile.axis_groups", "compile.lowering", "run",
           "replay", "wait", "readout"}
 INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "ops_pruned", "compiles_reused", "compiles_lowered",
-             "compiles_checked", "tiles_live", "tiles_peak", "tiles_registered", "tiles_spare", "bytes_in", "bytes_out",
-             "dry_run"}
+             "compiles_checked", "tiles_live", "tiles_peak", "tiles_registered", "tiles_spare", "tile_bytes", "bytes_in",
+             "bytes_out", "out_of_core", "bytes_evicted", "bytes_loaded", "data_wait_s", "dry_run"}
 
 _groups = itertools.count()
 

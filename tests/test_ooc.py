@@ -1,41 +1,42 @@
 """Out-of-core memory: init_context(memory_limit=..., swap_dir=..., swap_size=...).
 
-A bad request raises before anything starts; a training run whose tiles need about
-three times the limit gives the losses of the same run in memory; a tile larger than
-the limit is a TileMemoryError naming the sizes, not a hang. The runs are subprocesses:
-the suite's context is in memory."""
+A bad request raises before anything starts; a GPT-2 and an MLP whose tiles need about
+three times the limit give the losses of the same runs in memory, and info() counts
+what went to disk and back; a tile larger than the limit, or a task whose tiles exceed
+a worker's share of it, is a TileMemoryError naming the op and the sizes; a StarPU that
+cannot fit the waiting tasks (swap too small, a full disk) raises within seconds and
+the process still exits. Never a hang: each run is a subprocess with a timeout (the
+suite's own context is in memory)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import torch
 
 import torch_nntile
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def _run(code: str, swap_dir, **env: str) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter, out of core allowed, with the swap folder as its
-    argument; a hang fails the test through the timeout."""
+    """``code`` in a fresh interpreter, with the swap folder as its argument and the
+    stall watchdog at 3 s; a hang fails the test through the timeout."""
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(swap_dir)], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "TORCH_NNTILE_EXPERIMENTAL_OOC": "1", **env})
+                         timeout=300, env={**os.environ, "TORCH_NNTILE_OOC_STALL_S": "3", **env})
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
 
-def test_out_of_core_is_behind_its_switch(tmp_path, monkeypatch):
-    monkeypatch.delenv("TORCH_NNTILE_EXPERIMENTAL_OOC", raising=False)
-    with pytest.raises(NotImplementedError, match="TORCH_NNTILE_EXPERIMENTAL_OOC=1"):
-        torch_nntile.init_context(memory_limit=64 << 20, swap_dir=tmp_path)
-
-
-def test_bad_requests_raise_before_starting(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_NNTILE_EXPERIMENTAL_OOC", "1")
+def test_bad_requests_raise_before_starting(tmp_path):
     with pytest.raises(ValueError, match="memory_limit needs swap_dir"):
         torch_nntile.init_context(memory_limit=64 << 20)
     with pytest.raises(ValueError, match="take effect with memory_limit"):
@@ -52,6 +53,128 @@ def test_bad_requests_raise_before_starting(tmp_path, monkeypatch):
     too_big = shutil.disk_usage(tmp_path).free + (1 << 30)
     with pytest.raises(OSError, match=f"swap_size {too_big} bytes .* is more than the"):
         torch_nntile.init_context(memory_limit=64 << 20, swap_dir=tmp_path, swap_size=too_big)
+    with pytest.raises(ValueError, match="at least 16 MiB .StarPU's smallest disk., got 4194304"):
+        torch_nntile.init_context(memory_limit=64 << 20, swap_dir=tmp_path, swap_size=4 << 20)
+
+
+def test_gpt2_at_a_third_of_its_tile_memory_gives_the_in_memory_losses(tmp_path):
+    """benchmarks/ooc_step.py --quick: the in-memory run measures the tile bytes a step
+    needs, the out-of-core run gets a limit of a third (here the 1 MiB floor: 3.8x less)."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ooc_step.py"), "--quick", "--swap-dir",
+                          str(tmp_path), "--json", str(tmp_path / "r.json")], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT / "benchmarks")
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads((tmp_path / "r.json").read_text())
+    mem, ooc = r["in_memory"], r["out_of_core"]
+    assert mem["tile_bytes"] >= 3 * r["memory_limit"], r
+    assert len(mem["losses"]) == len(ooc["losses"]) == 3
+    for a, b in zip(mem["losses"], ooc["losses"]):
+        assert abs(a - b) <= 1e-6 * abs(a), (mem["losses"], ooc["losses"])
+    assert ooc["evicted_per_step"] > 0 and ooc["loaded_per_step"] > 0, ooc
+    assert mem["evicted_per_step"] == mem["loaded_per_step"] == 0
+    assert "out of core / in memory:" in out.stdout
+    assert os.listdir(tmp_path) == ["r.json"]  # the swap folder is gone with its context
+
+
+_TASK_TOO_BIG = """
+import json, sys
+import torch, torch_nntile
+torch_nntile.init_context(ncpu=2, memory_limit=4 << 20, swap_dir=sys.argv[1], swap_size=64 << 20)
+res = {}
+x = torch.ones(768, 512, device="nntile")  # one tile of 1.5 MiB: fits the limit
+try:
+    (x @ x.T).sum().item()  # 1.5 + 2.25 MiB in one task: more than a worker's 2 MiB
+except Exception as e:
+    res["error"] = [type(e).__name__, str(e)]
+res["x"] = x.sum().item()  # x itself is still there
+print(json.dumps(res))
+"""
+
+
+def test_a_task_over_a_workers_share_of_the_limit_raises(tmp_path):
+    res = json.loads(_run(_TASK_TOO_BIG, tmp_path).stdout.splitlines()[-1])
+    name, msg = res["error"]
+    assert name == "TileMemoryError"
+    assert ("not enough memory for one task of mm: its tiles need 3932160 bytes (3.75 MiB) at once, more than the "
+            "out-of-core memory_limit of 4194304 bytes (4.00 MiB) shared by 2 workers, 2097152 bytes (2.00 MiB) "
+            "each") in msg, msg
+    assert res["x"] == 768 * 512
+
+
+_OUTGROWN = """
+import json, sys, time
+import torch, torch_nntile
+torch_nntile.init_context(ncpu=2, memory_limit=8 << 20, swap_dir=sys.argv[1], swap_size=16 << 20)
+res = {"kept": (torch.arange(10.0, device="nntile") * 3).sum().item()}
+xs, t = [], time.monotonic()
+try:  # 40 MiB of live tensors: more than the limit and the swap together
+    xs = [torch.full((1 << 18,), float(i), device="nntile") + 1 for i in range(40)]
+    sum(x.sum().item() for x in xs)
+except Exception as e:
+    res["error"] = [type(e).__name__, str(e)]
+res["seconds"] = time.monotonic() - t
+try:
+    torch.ones(3, device="nntile").sum().item()
+except Exception as e:
+    res["later"] = [type(e).__name__, str(e)]
+print(json.dumps(res), flush=True)
+"""
+
+
+def test_tiles_outgrowing_limit_and_swap_raise_instead_of_hanging(tmp_path):
+    res = json.loads(_run(_OUTGROWN, tmp_path).stdout.splitlines()[-1])
+    assert res["kept"] == 135.0
+    name, msg = res["error"]
+    assert name == "TileMemoryError"
+    assert "out of core, no task has run for 3 s" in msg and "memory_limit of 8388608 bytes" in msg, msg
+    assert "swap_size of 16777216 bytes" in msg and "The context is stuck" in msg, msg
+    assert res["seconds"] < 60
+    assert res["later"] == res["error"]  # the context stays stuck, and says why; the process then exits
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str, read_only: bool = False):
+    """A small filesystem of its own at ``path`` (needs root and mount rights: else skip)."""
+    path.mkdir()
+    opts = f"size={size}" + (",ro" if read_only else "")
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
+                                          capture_output=True).returncode != 0:
+        pytest.skip("mounting a small filesystem needs root and mount rights")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def test_a_read_only_swap_dir_raises_before_starting(tmp_path):
+    with _tmpfs(tmp_path / "ro", "20m", read_only=True) as ro:
+        with pytest.raises(PermissionError, match=f"swap_dir '{ro}' is not writable"):
+            torch_nntile.init_context(memory_limit=8 << 20, swap_dir=ro, swap_size=16 << 20)
+
+
+_DISK_FILLS = """
+import json, os, sys
+import torch, torch_nntile
+swap = sys.argv[1]
+torch_nntile.init_context(ncpu=2, memory_limit=8 << 20, swap_dir=swap, swap_size=16 << 20)
+with open(os.path.join(swap, "other"), "wb") as f:  # something else fills the disk after the start
+    f.write(bytes(15 << 20))
+res = {}
+try:
+    xs = [torch.full((1 << 18,), float(i), device="nntile") + 1 for i in range(20)]
+    sum(x.sum().item() for x in xs)
+except Exception as e:
+    res["error"] = [type(e).__name__, str(e)]
+print(json.dumps(res), flush=True)
+"""
+
+
+def test_a_full_swap_disk_is_named(tmp_path):
+    with _tmpfs(tmp_path / "small", "20m") as small:
+        res = json.loads(_run(_DISK_FILLS, small).stdout.splitlines()[-1])
+    name, msg = res["error"]
+    assert name == "TileMemoryError"
+    assert f"swap_dir '{small}' is full (No space left on device" in msg, msg
 
 
 _TRAIN = """
@@ -118,3 +241,37 @@ def test_a_tile_larger_than_the_limit_raises(tmp_path):
     assert "you tried to allocate 8388608 bytes (8.00 MiB), more than the out-of-core memory_limit of 4194304" in msg
     assert res["later"] == 30.0
 
+
+
+_READ_BACK = """
+import json, sys
+import torch, torch_nntile
+torch_nntile.init_context(ncpu=2, memory_limit=4 << 20, swap_dir=sys.argv[1], swap_size=64 << 20)
+x = torch.arange(3 << 20, dtype=torch.float32)  # 12 MiB in 24 tiles of 0.5 MiB: three times the limit
+d = x.to("nntile")
+torch_nntile.set_axis_group_name(d, {0: "n"})
+torch_nntile.set_axis_group_tiling("n", 1 << 17)
+y = d * 2 + 1
+back = y.cpu()
+info = torch_nntile.info()
+print(json.dumps({"equal": bool(torch.equal(back, x * 2 + 1)), "evicted": info["bytes_evicted"],
+                  "loaded": info["bytes_loaded"], "ooc": info["out_of_core"],
+                  "line": torch_nntile.format_info().splitlines()[-1]}))
+"""
+
+
+def test_reading_back_more_than_the_limit_goes_by_groups_of_tiles(tmp_path):
+    res = json.loads(_run(_READ_BACK, tmp_path).stdout.splitlines()[-1])
+    assert res["equal"]
+    assert res["evicted"] > 0 and res["loaded"] > 0, res
+    assert res["ooc"] == {"memory_limit": 4 << 20, "swap_dir": str(tmp_path), "swap_size": 64 << 20}
+    assert res["line"].startswith("out of core, limit 4.19 MB: evicted to disk "), res["line"]
+
+
+def test_in_memory_info_has_no_disk_traffic():
+    (torch.ones(4, device="nntile") * 2).sum().item()
+    info = torch_nntile.info()
+    assert info["out_of_core"] is None
+    assert info["bytes_evicted"] == info["bytes_loaded"] == 0 and info["data_wait_s"] == 0.0
+    assert info["tile_bytes"] > 0
+    assert "out of core" not in torch_nntile.format_info()

@@ -81,7 +81,8 @@ def init_context(ncpu: int | None = None, ncuda: int = 0, cpu_fallback: bool = F
     Out of core: with ``memory_limit`` (bytes), tiles take at most that much RAM and
     StarPU evicts the rest to files in ``swap_dir`` (an existing, writable folder), at
     most ``swap_size`` bytes of them (default: half the folder's free space), loading
-    each back before a task reads it. Experimental: it needs ``TORCH_NNTILE_EXPERIMENTAL_OOC=1``."""
+    each back before a task reads it. One task's tiles must fit in a worker's share of
+    the limit (``memory_limit / ncpu``); see the out-of-core guide."""
     _S.init(ncpu, ncuda, cpu_fallback, scheduler, OutOfCore.make(memory_limit, swap_dir, swap_size))
 
 

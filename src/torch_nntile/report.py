@@ -57,10 +57,15 @@ def info() -> dict[str, Any]:
     those of them lowered again to check a template, ``TORCH_NNTILE_CHECK_REUSE=1``).
     ``tiles_registered`` counts tiles that needed a new StarPU handle (and memory)
     rather than a spare left by dead tiles of the same size;
-    ``tiles_spare`` is how many such spares are kept now. ``ops_pruned`` counts
+    ``tiles_spare`` is how many such spares are kept now, ``tile_bytes`` the bytes
+    of every tile's handle, spares included (out of core, in RAM or on disk). ``ops_pruned`` counts
     recorded ops whose results nothing could read by compile time (not lowered).
-    ``dry_run`` names the active dry-run switch, if any.
+    ``dry_run`` names the active dry-run switch, if any. Out of core
+    (``init_context(memory_limit=...)``), ``out_of_core`` gives the limit and swap
+    folder, ``bytes_evicted`` and ``bytes_loaded`` what StarPU wrote to the swap disk
+    and read back, and ``data_wait_s`` the seconds workers waited for tiles to arrive.
     """
+    stats.collect()
     phases = {p: {"calls": stats.PHASE_CALLS[p], "seconds": stats.PHASE_TIME[p]} for p in stats.PHASES}
     for sub in ("compile.reuse", "compile.axis_groups", "compile.lowering"):
         phases["compile"]["seconds"] += phases[sub]["seconds"]
@@ -77,8 +82,13 @@ def info() -> dict[str, Any]:
         "tiles_peak": stats.TILES_PEAK[0],
         "tiles_registered": c["tiles_registered"],
         "tiles_spare": rt.spare_count() if (rt := _live_runtime()) is not None else 0,
+        "tile_bytes": rt.tile_bytes() if rt is not None else 0,
         "bytes_in": c["bytes_in"],
         "bytes_out": c["bytes_out"],
+        "out_of_core": rt.swap_info() if (rt := _live_runtime()) is not None else None,
+        "bytes_evicted": c["bytes_evicted"],
+        "bytes_loaded": c["bytes_loaded"],
+        "data_wait_s": stats.DATA_WAIT[0],
         "dry_run": _dry_run(),
     }
 
@@ -118,6 +128,10 @@ def format_info() -> str:
     lines.append(f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}; new StarPU handles: "
                  f"{d['tiles_registered']}, spare handles kept for reuse: {d['tiles_spare']}")
     lines.append(f"bytes in: {_mb(d['bytes_in'])}, out: {_mb(d['bytes_out'])}")
+    if d["out_of_core"] is not None:
+        lines.append(f"out of core, limit {_mb(d['out_of_core']['memory_limit'])}: evicted to disk "
+                     f"{_mb(d['bytes_evicted'])}, loaded back {_mb(d['bytes_loaded'])}; workers waited "
+                     f"{d['data_wait_s']:.3f} s for tiles")
     return "\n".join(lines)
 
 

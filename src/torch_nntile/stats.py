@@ -37,6 +37,7 @@ RETILES: Counter[tuple[str, str]] = Counter()  # (op, axis group) -> values re-t
 
 COUNTS: Counter[str] = Counter()  # tasks_submitted, tasks_skipped, bytes_in, bytes_out, tiles_live
 TILES_PEAK = [0]
+DATA_WAIT = [0.0]  # out of core: seconds StarPU workers waited for tiles to arrive (from disk)
 
 # worker id -> {kernel name: [tasks, seconds]}; grown by the runtime at init
 KERNELS: list[dict[str, list[float]]] = []
@@ -138,5 +139,6 @@ def reset() -> None:
     COUNTS.clear()
     COUNTS["tiles_live"] = live
     TILES_PEAK[0] = live
+    DATA_WAIT[0] = 0.0
     for d in KERNELS:
         d.clear()

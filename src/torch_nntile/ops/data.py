@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -147,10 +148,30 @@ def copy_out(views: tuple[torch.Tensor, ...], *tiles: torch.Tensor) -> None:
             v.copy_(t)
 
 
+def _readout_groups(rt: Runtime, arr: Any, itemsize: int) -> list[list[tuple[int, ...]]]:
+    """The tiles of ``arr`` one readout task reads each: all of them, but out of core
+    as many as fit in a share of the memory limit (one task's tiles must all be in RAM
+    at once, next to the other workers' tasks)."""
+    idxs = list(arr.indices())
+    if rt.ooc is None:
+        return [idxs]
+    share = rt.ooc.memory_limit // (2 * max(rt.ncpu, 1))
+    groups: list[list[tuple[int, ...]]] = [[]]
+    nbytes = 0
+    for idx in idxs:
+        tile = math.prod(s.stop - s.start for s in arr.slices(idx)) * itemsize
+        if groups[-1] and nbytes + tile > share:
+            groups.append([])
+            nbytes = 0
+        groups[-1].append(idx)
+        nbytes += tile
+    return groups
+
+
 def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
     """Copy a materialized node's tiles into a new CPU tensor.
 
-    Waits for this value only: one task reads every tile once its writers are done,
+    Waits for this value only: one task reads every tile once its writers are done (out of core, a few tasks),
     while the rest of the submitted work goes on (the next step can be recorded and
     submitted meanwhile). If a tile holds a failure instead of a value (a kernel
     that raised, upstream, or a tile without memory) that failure is raised here;
@@ -167,20 +188,23 @@ def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
             stats.warn_user(f"torch_nntile: {dry} is set; values read back are zeros, not results")
             rt.wait()  # what was submitted still completes (and idle workers pause)
         else:
-            idxs = list(arr.indices())
-            views = [cpu[arr.slices(idx)] for idx in idxs]
-            done = Done()
+            dones = []
             with SHIELD:
-                ctx = Lowering(rt)
-                ctx.task(Kernel(copy_out, tuple(views)), [Arg(arr, idx, R) for idx in idxs], "readout")
-                rt.submit(ctx.tasks, notify=done)
+                for idxs in _readout_groups(rt, arr, cpu.element_size()):
+                    views = [cpu[arr.slices(idx)] for idx in idxs]
+                    ctx = Lowering(rt)
+                    ctx.task(Kernel(copy_out, tuple(views)), [Arg(arr, idx, R) for idx in idxs], "readout")
+                    dones.append(Done())
+                    rt.submit(ctx.tasks, notify=dones[-1])
             t1 = stats.enter()
             try:
-                rt.wait_for(done)
+                for done in dones:
+                    rt.wait_for(done)
             finally:
                 stats.leave("wait", t1)
-            if done.failure:
-                raise failure_error(done.failure)
+            for done in dones:
+                if done.failure:
+                    raise failure_error(done.failure)
         stats.COUNTS["bytes_out"] += cpu.numel() * cpu.element_size()
         return cpu
     finally:

@@ -19,15 +19,15 @@ import torch
 
 from torch_nntile import stats
 from torch_nntile.runtime import submission
-from torch_nntile.runtime.failures import Failure
+from torch_nntile.runtime.failures import Failure, TileMemoryError
 from torch_nntile.runtime.host import _find_blas, _warm_vector_math
 from torch_nntile.runtime.memory import TileMemory
-from torch_nntile.runtime.ooc import OutOfCore
+from torch_nntile.runtime.ooc import OutOfCore, Swap
 from torch_nntile.runtime.submission import _CLOSURES, _TENSOR_CACHE, _WORKERS_READY, WHERE_ANY, Submission, _bind_callback
 from torch_nntile.runtime.workers import Latch, Workers, _worker_nice
 
 
-class Runtime(TileMemory, Submission, Workers):
+class Runtime(TileMemory, Submission, Workers, Swap):
     """One StarPU session. Create through ``torch_nntile.init_context``."""
 
     def __init__(self, ncpu: int, scheduler: str | None, ooc: OutOfCore | None = None) -> None:
@@ -44,6 +44,7 @@ class Runtime(TileMemory, Submission, Workers):
         limit = os.environ.get("STARPU_LIMIT_CPU_MEM")
         if ooc is not None:  # StarPU reads its RAM budget once, at init
             os.environ["STARPU_LIMIT_CPU_MEM"] = str(ooc.limit_mib)
+            self.lib.tnt_set_managed(ooc.memory_limit)
         try:
             rc = self.lib.tnt_init(ncpu, (scheduler or "lws").encode(), nice)
         finally:
@@ -53,15 +54,12 @@ class Runtime(TileMemory, Submission, Workers):
                 else:
                     os.environ["STARPU_LIMIT_CPU_MEM"] = limit
         if rc != 0:
+            self.lib.tnt_set_managed(0)
             raise RuntimeError(f"starpu_init failed with code {rc}")
         self.ooc = ooc
+        self._stuck: str | None = None  # out of core, why StarPU is stuck (Swap.check_stall)
         if ooc is not None:
-            node = self.lib.tnt_add_disk(ooc.swap_dir.encode(), ooc.swap_size)
-            if node < 0:
-                self.lib.tnt_shutdown()
-                raise OSError(f"torch_nntile: StarPU could not open a disk node of {ooc.swap_size} bytes in swap_dir "
-                              f"{ooc.swap_dir!r} (error {node})")
-            self.lib.tnt_set_managed(ooc.memory_limit)
+            self._start_swap(ooc)
         self.ncpu = int(self.lib.tnt_ncpu())
         stats.ensure_workers(int(self.lib.tnt_nworkers()))
         # Dry-run switches (read once per context): time the host side alone.
@@ -78,8 +76,11 @@ class Runtime(TileMemory, Submission, Workers):
         # thread; otherwise they run as torch calls.
         blas = _find_blas()
         self.lib.tnt_set_blas(*blas[:3], int(submission._SKIP_KERNELS))
-        # MKL's packed B is opaque and may not survive a move to disk and back to another
-        # address: out of core, products pack nothing.
+        # MKL's packed B is opaque and does not survive a move to disk and back (the
+        # losses went wrong). Out of core, products pack nothing: tiles StarPU may not
+        # move would sit outside the limit (a medium GPT-2's step packs 389 MiB). The
+        # results then differ from an in-memory run's by rounding (plain sgemm instead
+        # of the packed one); with packing off on both, they are the same bits.
         self.lib.tnt_set_pack(*((0, 0, 0) if ooc is not None else blas[3:]))
         # Float32 products on a B tile shared by several row tiles (packed once), and
         # large ones on a B read as stored, run the shim's own AVX-512 kernels on AMD
@@ -130,11 +131,16 @@ class Runtime(TileMemory, Submission, Workers):
     def check_alive(self) -> None:
         if not self.alive:
             raise RuntimeError("torch_nntile: the runtime context has been shut down")
+        if self._stuck is not None:
+            raise TileMemoryError(self._stuck)
 
     def shutdown(self, abandon: bool = False) -> None:
         """Wait for the submitted tasks (``abandon``: skip those not started), free every
         tile's memory and stop StarPU. An interrupted wait abandons the rest."""
         if not self.alive:
+            return
+        if self._stuck is not None:  # StarPU waits forever: leave it to the process's exit
+            self.alive = False
             return
         try:
             if abandon:
@@ -163,6 +169,8 @@ class Runtime(TileMemory, Submission, Workers):
             self._dead_no_memory.clear()
             self._collect_native()
             stats.COLLECTORS.remove(self._collect_native)
+            if self.ooc is not None:
+                self._stop_swap()
             self.lib.tnt_shutdown()
             self.lib.tnt_set_managed(0)
             _TENSOR_CACHE.clear()

@@ -48,18 +48,27 @@ class Failure:
     no memory (``nbytes``). ``op`` is the task name that failed; ``reported`` once
     some readout or wait() raised it."""
 
-    __slots__ = ("op", "exc", "nbytes", "reported", "note", "limit")
+    __slots__ = ("op", "exc", "nbytes", "reported", "note", "limit", "workers")
 
     def __init__(self, op: str | None, exc: BaseException | None = None, nbytes: int | None = None,
-                 note: str | None = None, limit: int | None = None) -> None:
+                 note: str | None = None, limit: int | None = None, workers: int = 0) -> None:
         self.op, self.exc, self.nbytes, self.note = op, exc, nbytes, note
         self.limit = limit  # out of core: the memory_limit the tile exceeds
+        self.workers = workers  # out of core, where nbytes are a task's tiles together: the workers sharing limit
         self.reported = False
 
     def error(self) -> KernelError:
         """A fresh exception for this failure (raising one instance twice would chain tracebacks)."""
         if self.note is not None:
             return KernelError(f"torch_nntile: {self.note}")
+        if self.nbytes is not None and self.workers:
+            n, limit = self.workers, self.limit or 0
+            share = "" if n == 1 else f" shared by {n} workers, {limit // n} bytes ({_human(limit // n)}) each"
+            return TileMemoryError(
+                f"torch_nntile: not enough memory for one task of {self.op}: its tiles need {self.nbytes} bytes "
+                f"({_human(self.nbytes)}) at once, more than the out-of-core memory_limit of {limit} bytes "
+                f"({_human(limit)}){share}; tile its tensors finer (set_axis_group_tiling), raise memory_limit "
+                f"or use fewer workers")
         if self.nbytes is not None:
             what = f"a tile of {self.op}" if self.op else "a tile"
             over = "" if self.limit is None else \
@@ -107,6 +116,8 @@ def failure_error(fid: int) -> KernelError:
             g.reported = True
         if others:
             n = len(others)
-            err.args = (f"{err.args[0]} (and {n} more tile{'s' if n > 1 else ''} got no memory)",)
+            tasks = any(g.workers for g in others)  # out of core: tasks too big for a worker's share
+            what = ("tiles or tasks" if tasks else "tiles") if n > 1 else ("tile or task" if tasks else "tile")
+            err.args = (f"{err.args[0]} (and {n} more {what} got no memory)",)
     err.__cause__ = f.exc
     return err

@@ -14,6 +14,7 @@ from torch_nntile import stats
 from torch_nntile.runtime.failures import Failure, _new_failure
 
 TRIM_S = 0.25  # at most this often, when the workers go idle, malloc's free pages go back to the system
+PAGE = 4096  # out of core, a tile is registered as the whole pages that hold it (tnt_register)
 SPARE_COMPILES = 4  # compiles a size of spare handles may go unasked for before they are freed
 
 
@@ -65,6 +66,20 @@ class TileMemory:
             self._no_memory[h] = self._unnamed[h] = f
         return h
 
+    def too_big(self, tasks: list[Any]) -> list[tuple[int, int]]:
+        """Out of core: (index, bytes) of the tasks among ``tasks`` whose tiles need more
+        than a worker's share of ``memory_limit`` at once (each tile as the whole pages
+        StarPU gives it). A worker holds a task's tiles while it fetches the rest: two
+        workers each holding part of what they need, with no room left for the rest,
+        wait for each other forever (starpu-runtime/starpu#38; seen here with two
+        tasks of 7 MiB under a limit of 8 MiB). Within the share they always fit."""
+        limit, size, bad, out = self.ooc.memory_limit // self.ncpu, self._size, self._no_memory, []
+        for i, task in enumerate(tasks):  # a tile without memory is registered empty
+            nbytes = sum(-(-size[h][0] * size[h][1] // PAGE) * PAGE for h in set(task[1]) if h not in bad)
+            if nbytes > limit:
+                out.append((i, nbytes))
+        return out
+
     def reuse_key(self, h: Any) -> tuple[int, int] | None:
         """The size of handle ``h`` (items, item size), or None if it may not hold another
         tile (it got no memory: a new tile of its size may find some)."""
@@ -79,6 +94,11 @@ class TileMemory:
             for h in handles:
                 del self._size[h]
                 self.lib.tnt_unregister_now(h)
+
+    def tile_bytes(self) -> int:
+        """Bytes of every registered handle's tile, spares included."""
+        with self._spare_lock:
+            return sum(n * size for n, size in list(self._size.values()))
 
     def spare_count(self) -> int:
         with self._spare_lock:

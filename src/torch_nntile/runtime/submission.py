@@ -35,7 +35,7 @@ class Batch:
     """Tasks as StarPU is sent them, less their handles (``Runtime.prepare``)."""
 
     __slots__ = ("n", "_tasks", "nbufs", "modes", "ngemm", "gemm", "coef", "n_ew", "ew", "ewc", "closures", "ew_at",
-                 "py_at")
+                 "py_at", "too_big")
 
     def __init__(self, tasks: list[Any], nbufs: Any, modes: Any, ngemm: int, gemm: Any, coef: Any, n_ew: int,
                  ew: Any, ewc: Any, closures: list[tuple[int, Callable[..., None], list[TileSpec], str]],
@@ -45,6 +45,7 @@ class Batch:
         self.n_ew, self.ew, self.ewc, self.closures = n_ew, ew, ewc, closures
         self.ew_at = ew_at  # task -> where its C program's record and constants are in ``ew`` and ``ewc``
         self.py_at = {c[0]: j for j, c in enumerate(closures)}  # task -> its entry in ``closures``
+        self.too_big: list[tuple[int, int]] = []  # out of core: (task, bytes) of tasks whose tiles exceed the limit
 
     def tasks(self, handles: list[Any]) -> list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]]:
         """The tasks again, on ``handles`` (for naming failures: the rare path)."""
@@ -130,8 +131,11 @@ class Submission:
                     continue
             closures.append((i, fn, specs, name))
         ffi = self.ffi
-        return Batch(tasks, ffi.new("int[]", nbufs), ffi.new("int[]", ms), len(gemm) // 10, ffi.new("int[]", gemm),
-                     ffi.new("double[]", coef), n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), closures, ew_at)
+        b = Batch(tasks, ffi.new("int[]", nbufs), ffi.new("int[]", ms), len(gemm) // 10, ffi.new("int[]", gemm),
+                  ffi.new("double[]", coef), n_ew, ffi.new("int32_t[]", ew), ffi.new("double[]", ewc), closures, ew_at)
+        if self.ooc is not None:
+            b.too_big = self.too_big(tasks)
+        return b
 
     def _name_id(self, name: str) -> int:
         """The id a C-run task's name is counted under; past the first _GEMM_NAMES - 1
@@ -180,6 +184,9 @@ class Submission:
         """Submit a prepared batch on ``handles`` (every task's, in order); as ``submit``."""
         if self._dry_run_counts(b.n):
             return
+        if b.too_big:
+            self._submit_around(b, handles, notify)
+            return
         n = b.n
         if self._unnamed:
             self._name_failures(b.tasks(handles))
@@ -217,14 +224,41 @@ class Submission:
             self._fail_writes(tasks[done:], Failure(name, err), reported=True)
             raise err
 
-    def _fail_writes(self, tasks: list[Any], f: Failure, reported: bool) -> None:
-        """The tiles ``tasks`` would have written hold failure ``f`` (in order after their earlier tasks)."""
-        fid = _new_failure(f, reported)
+    def _submit_around(self, b: Batch, handles: list[Any], notify: Done | None) -> None:
+        """Out of core: submit the batch but for its tasks whose tiles need more than a
+        worker's share of the memory (``too_big``: StarPU could wait forever to fit
+        them); what those write holds a TileMemoryError naming the task and the sizes,
+        raised where it is read."""
+        tasks, start = b.tasks(handles), 0
+        limit = self.ooc.memory_limit  # type: ignore[attr-defined]
+        failed: dict[Any, int] = {}  # tile -> the failure a skipped task left it (passed on, not made anew)
+        for i, nbytes in b.too_big:
+            if start < i:
+                self.submit(tasks[start:i])
+            _fn, hs, modes, _specs, name = tasks[i]
+            fid = next((failed[h] for h, m in zip(hs, modes) if m & R and h in failed), 0)
+            if fid:
+                self._fail_writes([tasks[i]], fid)
+            else:
+                fid = self._fail_writes([tasks[i]], Failure(name, nbytes=nbytes, limit=limit, workers=self.ncpu))
+            failed.update((h, fid) for h, m in zip(hs, modes) if m & W)
+            if notify is not None and i == b.n - 1:
+                notify.failure = fid
+                notify.set()
+            start = i + 1
+        if start < b.n:
+            self.submit(tasks[start:], notify)
+
+    def _fail_writes(self, tasks: list[Any], f: Failure | int, reported: bool = False) -> int:
+        """The tiles ``tasks`` would have written hold failure ``f`` (or the registered
+        failure of that id), in order after their earlier tasks; the failure's id."""
+        fid = f if isinstance(f, int) else _new_failure(f, reported)
         for _fn, handles, modes, _specs, _name in tasks:
             for h, m in zip(handles, modes):
                 if m & W:
                     self.lib.tnt_submit_fail(h, fid)
         self._kick()
+        return fid
 
     def _name_failures(self, tasks: list[Any]) -> None:
         """A tile without memory is named after the first task that writes it."""

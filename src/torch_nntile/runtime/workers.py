@@ -150,6 +150,8 @@ class Workers:
             while not done.wait(SLICE_S):
                 if gone is not None and gone():
                     break
+                if self.ooc is not None:
+                    self.check_stall()
         finally:
             self.lib.tnt_host_waiting(-1)
 

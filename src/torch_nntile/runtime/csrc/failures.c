@@ -17,9 +17,12 @@
    state its predecessors left. */
 int64_t tnt_abandon_id;  /* nonzero at exit: tasks that have not started skip their kernels */
 
-/* The failure a task inherits: from a tile it reads that holds none, or one without memory. */
+/* The failure a task inherits: from a tile it reads that holds none, or one without memory.
+   Every kernel calls it first: out of core, it counts the kernels that began. */
 int64_t tnt_task_failure(struct starpu_task *task, int n)
 {
+    if (tnt_watch)
+        tnt_kernel_started();
     for (int i = 0; i < n; i++) {
         intptr_t s = (intptr_t)starpu_data_get_user_data(STARPU_TASK_GET_HANDLE(task, i));
         if (s != 0 && ((s & 1) || (STARPU_TASK_GET_MODE(task, i) & STARPU_R)))

@@ -22,6 +22,7 @@
    process grew by ~150 MiB a step, all of it free heap that could not be returned).
    Pages of their own go back to the system when a tile's memory is freed. */
 #define TNT_MMAP_MIN ((size_t)1 << 18)
+#define TNT_PAGE ((size_t)4096)
 
 static void *tnt_alloc(size_t nbytes)
 {
@@ -105,14 +106,11 @@ struct starpu_codelet tnt_free_cl;
    the application supplied, so in this mode no tile memory is allocated here. */
 static int tnt_managed;
 static size_t tnt_managed_limit;  /* bytes of RAM StarPU may allocate; a larger tile never fits */
-#define TNT_PAGE ((size_t)4096)
 
 void tnt_set_managed(int64_t limit)
 {
     tnt_managed = limit > 0;
     tnt_managed_limit = limit > 0 ? (size_t)limit : 0;
-    if (tnt_managed)
-        starpu_malloc_set_align(64);  /* the C kernels' vectors, as tnt_alloc gives */
 }
 
 /* Out of core: a dead tile's value is dropped once its last readers ran, so StarPU
@@ -121,13 +119,6 @@ void tnt_set_managed(int64_t limit)
 void tnt_invalidate_submit(tnt_handle h)
 {
     starpu_data_invalidate_submit((starpu_data_handle_t)h);
-}
-
-/* A disk node of nbytes in the folder path, read and written with O_DIRECT so that the
-   page cache does not keep evicted tiles in RAM. Its memory node, or a negative errno. */
-int tnt_add_disk(const char *path, int64_t nbytes)
-{
-    return starpu_disk_register(&starpu_disk_unistd_o_direct_ops, (void *)path, (starpu_ssize_t)nbytes);
 }
 
 /* A tile of nelems items in memory allocated here, registered with main RAM as its
@@ -173,7 +164,7 @@ void tnt_set_no_memory(tnt_handle h, int64_t failure)
 void tnt_unregister_submit(tnt_handle h)
 {
     starpu_data_handle_t d = (starpu_data_handle_t)h;
-    if (tnt_managed) {  /* StarPU frees what it allocated */
+    if (starpu_data_get_home_node(d) < 0) {  /* out of core: StarPU frees what it allocated */
         starpu_data_unregister_submit(d);
         return;
     }
@@ -194,7 +185,7 @@ void tnt_unregister_submit(tnt_handle h)
 void tnt_unregister_now(tnt_handle h)
 {
     starpu_data_handle_t d = (starpu_data_handle_t)h;
-    if (tnt_managed) {
+    if (starpu_data_get_home_node(d) < 0) {
         starpu_data_unregister_no_coherency(d);
         return;
     }

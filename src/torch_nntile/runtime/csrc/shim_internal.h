@@ -1,4 +1,4 @@
-/* What the shim's files (shim.c, memory.c, failures.c, submit.c, products.c, share.c)
+/* What the shim's files (shim.c, memory.c, disk.c, failures.c, submit.c, products.c, share.c)
    share with each other: not part of its interface (shim.h), which is all Python sees.
    Each is described where it is defined. */
 #ifndef TNT_SHIM_INTERNAL_H
@@ -36,6 +36,10 @@ void tnt_fail_func(void *buffers[], void *cl_arg);
 double tnt_now(void);
 void tnt_native_done(struct starpu_task *task, int nbuf, int64_t key, int w, int name, int trace, double t0);
 void tnt_native_failed(struct starpu_task *task, int nbuf, int64_t failure);
+
+/* disk.c */
+extern int tnt_watch;
+void tnt_kernel_started(void);
 
 /* submit.c */
 extern struct starpu_codelet tnt_cl, tnt_ew_cl;
