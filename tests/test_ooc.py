@@ -277,3 +277,47 @@ def test_in_memory_info_has_no_disk_traffic():
     assert info["bytes_evicted"] == info["bytes_loaded"] == 0 and info["data_wait_s"] == 0.0
     assert info["tile_bytes"] > 0
     assert "out of core" not in torch_nntile.format_info()
+
+
+_SKIPPED_AMONG_REUSED = """
+import json, sys
+import torch, torch_nntile
+
+def run(device):
+    torch.manual_seed(0)
+    a = torch.randn(196608, device=device, requires_grad=True)  # one tile of 0.75 MiB
+    b = torch.randn(1000, device=device, requires_grad=True)
+    opt = torch.optim.AdamW([a, b], lr=0.1)
+    for _ in range(6):  # the later steps reuse the tasks of an earlier one, with new scalars (the step count)
+        ((a * a).sum() + (b * b).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+        if device == "nntile":
+            try:
+                torch_nntile.wait()  # a compile a step
+            except torch_nntile.TileMemoryError:
+                pass  # a's update, every step
+    return a, b
+
+if len(sys.argv) > 1:
+    torch_nntile.init_context(ncpu=2, memory_limit=4 << 20, swap_dir=sys.argv[1], swap_size=64 << 20)
+cpu_a, cpu_b = run("cpu")
+a, b = run("nntile")
+res = {"b_max_diff": (b.detach().cpu() - cpu_b.detach()).abs().max().item()}
+try:
+    a.detach().cpu()
+except torch_nntile.TileMemoryError as e:
+    res["a_error"] = str(e)
+res["reused"] = torch_nntile.info()["compiles_reused"]
+print(json.dumps(res))
+"""
+
+
+def test_a_skipped_task_leaves_the_others_of_a_reused_step_right(tmp_path):
+    """AdamW on a (a tile of 0.75 MiB: its gradient's task, 3 tiles, is over a worker's
+    2 MiB) and b: a's tasks are skipped every step; b's, from the same reused tasks with
+    each step's scalars, give CPU's values."""
+    res = json.loads(_run(_SKIPPED_AMONG_REUSED, tmp_path).stdout.splitlines()[-1])
+    assert res["reused"] >= 1, res
+    assert res["b_max_diff"] <= 1e-6, res
+    assert "not enough memory for one task of mul+mul+add: its tiles need 2359296 bytes" in res["a_error"], res

@@ -40,7 +40,7 @@ class Batch:
     def __init__(self, tasks: list[Any], nbufs: Any, modes: Any, ngemm: int, gemm: Any, coef: Any, n_ew: int,
                  ew: Any, ewc: Any, closures: list[tuple[int, Callable[..., None], list[TileSpec], str]],
                  ew_at: dict[int, tuple[int, int]]) -> None:
-        self.n, self._tasks = len(tasks), tasks
+        self.n, self._tasks = len(tasks), list(tasks)  # its own: rebind() gives it new kernels
         self.nbufs, self.modes, self.ngemm, self.gemm, self.coef = nbufs, modes, ngemm, gemm, coef
         self.n_ew, self.ew, self.ewc, self.closures = n_ew, ew, ewc, closures
         self.ew_at = ew_at  # task -> where its C program's record and constants are in ``ew`` and ``ewc``
@@ -48,7 +48,8 @@ class Batch:
         self.too_big: list[tuple[int, int]] = []  # out of core: (task, bytes) of tasks whose tiles exceed the limit
 
     def tasks(self, handles: list[Any]) -> list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]]:
-        """The tasks again, on ``handles`` (for naming failures: the rare path)."""
+        """The tasks again, on ``handles``, with their current kernels (for naming failures
+        and, out of core, for submitting around tasks too big: the rare paths)."""
         out, off = [], 0
         for fn, _old, modes, specs, name in self._tasks:
             out.append((fn, handles[off:off + len(modes)], modes, specs, name))
@@ -161,6 +162,7 @@ class Submission:
         native_ew = self.native_ew and not _SKIP_KERNELS
         ew, ewc, py_at = b.ew, b.ewc, b.py_at
         for i in changed:
+            b._tasks[i] = tasks[i]  # what tasks() gives
             fn, _handles, _modes, specs, name = tasks[i]
             kind = type(fn)
             at = b.ew_at.get(i)
