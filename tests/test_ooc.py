@@ -321,3 +321,19 @@ def test_a_skipped_task_leaves_the_others_of_a_reused_step_right(tmp_path):
     assert res["reused"] >= 1, res
     assert res["b_max_diff"] <= 1e-6, res
     assert "not enough memory for one task of mul+mul+add: its tiles need 2359296 bytes" in res["a_error"], res
+
+
+_STUCK_AT_EXIT = """
+import sys
+import torch, torch_nntile
+torch_nntile.init_context(ncpu=2, memory_limit=8 << 20, swap_dir=sys.argv[1], swap_size=16 << 20)
+xs = [torch.full((1 << 18,), float(i), device="nntile") + 1 for i in range(40)]
+torch_nntile.execute()  # submitted, never read: the exit's wait is the first to find StarPU stuck
+print("exiting", flush=True)
+"""
+
+
+def test_a_stall_found_at_exit_ends_the_process(tmp_path):
+    out = _run(_STUCK_AT_EXIT, tmp_path, TORCH_NNTILE_OOC_STALL_S="3")
+    assert out.stdout.strip() == "exiting"
+    assert "torch_nntile: at exit: torch_nntile: out of core, no task has run for 3 s" in out.stderr, out.stderr[-2000:]

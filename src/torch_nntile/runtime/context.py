@@ -150,32 +150,39 @@ class Runtime(TileMemory, Submission, Workers, Swap):
             self.abandon()
             raise
         finally:
-            with self._lock:
-                if self.paused:
-                    self.lib.tnt_resume()
-                    self.paused = False
+            if self._stuck is None:
+                self._stop()
+            else:  # the wait found StarPU stuck (out of core): nothing more can be waited for
                 self.alive = False
-            self._drain.set()
-            self._pauser.join()
-            self.lib.tnt_wait_all()
-            # Every tile's memory is ours: free it (tensors of this context are dead now).
-            stats.tiles_added(-(len(self._size) - self.spare_count() - len(self._dead_no_memory)))
-            for h in self._size:
-                self.lib.tnt_unregister_now(h)
-            self._size.clear()
-            self._spares.clear()
-            self._no_memory.clear()
-            self._unnamed.clear()
-            self._dead_no_memory.clear()
-            self._collect_native()
-            stats.COLLECTORS.remove(self._collect_native)
-            if self.ooc is not None:
-                self._stop_swap()
-            self.lib.tnt_shutdown()
-            self.lib.tnt_set_managed(0)
-            _TENSOR_CACHE.clear()
-            _WORKERS_READY.clear()
-            _CLOSURES.clear()
+
+    def _stop(self) -> None:
+        """Stop the pauser and StarPU, and free every tile's memory (after the last wait)."""
+        with self._lock:
+            if self.paused:
+                self.lib.tnt_resume()
+                self.paused = False
+            self.alive = False
+        self._drain.set()
+        self._pauser.join()
+        self.lib.tnt_wait_all()
+        # Every tile's memory is ours: free it (tensors of this context are dead now).
+        stats.tiles_added(-(len(self._size) - self.spare_count() - len(self._dead_no_memory)))
+        for h in self._size:
+            self.lib.tnt_unregister_now(h)
+        self._size.clear()
+        self._spares.clear()
+        self._no_memory.clear()
+        self._unnamed.clear()
+        self._dead_no_memory.clear()
+        self._collect_native()
+        stats.COLLECTORS.remove(self._collect_native)
+        if self.ooc is not None:
+            self._stop_swap()
+        self.lib.tnt_shutdown()
+        self.lib.tnt_set_managed(0)
+        _TENSOR_CACHE.clear()
+        _WORKERS_READY.clear()
+        _CLOSURES.clear()
 
 
 def current() -> Runtime | None:
