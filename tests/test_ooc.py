@@ -119,6 +119,10 @@ try:
     torch.ones(3, device="nntile").sum().item()
 except Exception as e:
     res["later"] = [type(e).__name__, str(e)]
+try:
+    torch_nntile.wait()
+except Exception as e:
+    res["wait"] = [type(e).__name__, str(e)]
 print(json.dumps(res), flush=True)
 """
 
@@ -131,7 +135,7 @@ def test_tiles_outgrowing_limit_and_swap_raise_instead_of_hanging(tmp_path):
     assert "out of core, no task has run for 3 s" in msg and "memory_limit of 8388608 bytes" in msg, msg
     assert "swap_size of 16777216 bytes" in msg and "The context is stuck" in msg, msg
     assert res["seconds"] < 60
-    assert res["later"] == res["error"]  # the context stays stuck, and says why; the process then exits
+    assert res["later"] == res["wait"] == res["error"]  # the context stays stuck, and says why; the process then exits
 
 
 @contextlib.contextmanager
@@ -337,3 +341,21 @@ def test_a_stall_found_at_exit_ends_the_process(tmp_path):
     out = _run(_STUCK_AT_EXIT, tmp_path, TORCH_NNTILE_OOC_STALL_S="3")
     assert out.stdout.strip() == "exiting"
     assert "torch_nntile: at exit: torch_nntile: out of core, no task has run for 3 s" in out.stderr, out.stderr[-2000:]
+
+
+_STUCK_IN_PROGRESS = """
+import json, sys
+import torch, torch_nntile
+torch_nntile.init_context(ncpu=2, memory_limit=8 << 20, swap_dir=sys.argv[1], swap_size=16 << 20)
+xs = [torch.full((1 << 18,), float(i), device="nntile") + 1 for i in range(40)]
+torch_nntile.execute()
+try:
+    torch_nntile.wait(progress=lambda done, total: None)  # the wait that polls for its progress bar
+except torch_nntile.TileMemoryError as e:
+    print(json.dumps(str(e)))
+"""
+
+
+def test_a_wait_with_progress_finds_a_stall_too(tmp_path):
+    msg = json.loads(_run(_STUCK_IN_PROGRESS, tmp_path, TORCH_NNTILE_OOC_STALL_S="3").stdout.splitlines()[-1])
+    assert "out of core, no task has run for 3 s" in msg, msg

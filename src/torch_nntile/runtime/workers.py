@@ -171,6 +171,8 @@ class Workers:
             while (done := self.tasks_done() - done0) < total:
                 progress(done, total)
                 time.sleep(0.1)
+                if self.ooc is not None:
+                    self.check_stall()
         self.pause()
         self._waited = (self.tasks_submitted, self.tasks_done())
         if progress is not None:
