@@ -89,6 +89,8 @@ try:
 except Exception as e:
     res["error"] = [type(e).__name__, str(e)]
 res["x"] = x.sum().item()  # x itself is still there
+big = torch.arange(786432.0)  # one tile of 3 MiB: over a worker's share, within the limit
+res["one_tile_tasks"] = torch.equal(big.to("nntile").cpu(), big)  # in and out: tasks of that one tile
 print(json.dumps(res))
 """
 
@@ -101,6 +103,7 @@ def test_a_task_over_a_workers_share_of_the_limit_raises(tmp_path):
             "out-of-core memory_limit of 4194304 bytes (4.00 MiB) shared by 2 workers, 2097152 bytes (2.00 MiB) "
             "each") in msg, msg
     assert res["x"] == 768 * 512
+    assert res["one_tile_tasks"]  # a task of one tile holds nothing while it waits: the limit is its bound
 
 
 _OUTGROWN = """

@@ -72,10 +72,15 @@ class TileMemory:
         StarPU gives it). A worker holds a task's tiles while it fetches the rest: two
         workers each holding part of what they need, with no room left for the rest,
         wait for each other forever (starpu-runtime/starpu#38; seen here with two
-        tasks of 7 MiB under a limit of 8 MiB). Within the share they always fit."""
+        tasks of 7 MiB under a limit of 8 MiB). Within the share they always fit. A
+        task of one tile holds nothing while it waits: its tile needs only to fit the
+        limit (checked when it is registered)."""
         limit, size, bad, out = self.ooc.memory_limit // self.ncpu, self._size, self._no_memory, []
-        for i, task in enumerate(tasks):  # a tile without memory is registered empty
-            nbytes = sum(-(-size[h][0] * size[h][1] // PAGE) * PAGE for h in set(task[1]) if h not in bad)
+        for i, task in enumerate(tasks):
+            hs = set(task[1])
+            if len(hs) < 2:  # it holds nothing while it waits: a tile within the whole limit will do
+                continue
+            nbytes = sum(-(-size[h][0] * size[h][1] // PAGE) * PAGE for h in hs if h not in bad)  # no memory: empty
             if nbytes > limit:
                 out.append((i, nbytes))
         return out
