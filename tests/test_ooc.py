@@ -362,3 +362,22 @@ except torch_nntile.TileMemoryError as e:
 def test_a_wait_with_progress_finds_a_stall_too(tmp_path):
     msg = json.loads(_run(_STUCK_IN_PROGRESS, tmp_path, TORCH_NNTILE_OOC_STALL_S="3").stdout.splitlines()[-1])
     assert "out of core, no task has run for 3 s" in msg, msg
+
+
+_ZERO_SIZE = """
+import json, sys
+import torch, torch_nntile
+torch_nntile.init_context(ncpu=2, memory_limit=8 << 20, swap_dir=sys.argv[1], swap_size=64 << 20)
+x = torch.arange(42).reshape(6, 7).to("nntile")
+empty = x[:0]  # a value of no elements: no task writes its tile
+res = {"slice": list(empty.cpu().shape), "add": list((empty + x[:1]).cpu().shape),
+       "scalar": torch.zeros(0, device="nntile").sum().item()}
+print(json.dumps(res))
+"""
+
+
+def test_zero_size_values_read_back_out_of_core(tmp_path):
+    """Out of core StarPU aborts on reading a tile no task wrote, unless it knows how to
+    fill one (tnt_init_cl): a zero-size value's tile is such a tile."""
+    res = json.loads(_run(_ZERO_SIZE, tmp_path).stdout.splitlines()[-1])
+    assert res == {"slice": [0, 7], "add": [0, 7], "scalar": 0.0}

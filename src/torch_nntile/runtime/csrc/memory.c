@@ -11,6 +11,7 @@
 #include <starpu.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "shim_internal.h"
@@ -101,6 +102,18 @@ void tnt_free_func(void *buffers[], void *cl_arg)
 
 struct starpu_codelet tnt_free_cl;
 
+/* Out of core, what a tile holds when a task reads it before any task wrote it (a
+   zero-size value's tile, which no task writes): zeros. StarPU runs it where it finds
+   no valid copy; without it, StarPU aborts the process on such a read. */
+void tnt_init_func(void *buffers[], void *cl_arg)
+{
+    (void)cl_arg;
+    memset((void *)STARPU_VECTOR_GET_PTR(buffers[0]), 0,
+           (size_t)STARPU_VECTOR_GET_NX(buffers[0]) * STARPU_VECTOR_GET_ELEMSIZE(buffers[0]));
+}
+
+struct starpu_codelet tnt_init_cl;
+
 /* Out of core: tiles whose memory StarPU allocates (on their first write) and may evict
    to a disk node and load back, within STARPU_LIMIT_CPU_MEM. StarPU never evicts memory
    the application supplied, so in this mode no tile memory is allocated here. */
@@ -151,6 +164,8 @@ tnt_handle tnt_register(size_t nelems, size_t elemsize, int *allocated)
         starpu_vector_data_register(&h, home, (uintptr_t)p, (uint32_t)nelems, elemsize);
     else
         starpu_vector_data_register(&h, home, (uintptr_t)p, 1, nbytes);
+    if (tnt_managed)
+        starpu_data_set_reduction_methods(h, NULL, &tnt_init_cl);
     return (tnt_handle)h;
 }
 

@@ -67,6 +67,7 @@ int tnt_init(int ncpu, const char *sched, int nice)
     tnt_codelet(&tnt_cl, tnt_cpu_func, 0, "nntile_tile_kernel");
     tnt_codelet(&tnt_fail_cl, tnt_fail_func, 1, "nntile_fail");
     tnt_codelet(&tnt_free_cl, tnt_free_func, 1, "nntile_free");
+    tnt_codelet(&tnt_init_cl, tnt_init_func, 1, "nntile_init");
     __atomic_store_n(&tnt_abandon_id, 0, __ATOMIC_RELAXED);
     /* Workers inherit this thread's signal mask: with SIGINT blocked there, Ctrl-C is
        delivered to a Python thread, which can act on it, never to a worker. */

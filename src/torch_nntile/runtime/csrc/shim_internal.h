@@ -23,8 +23,9 @@ struct tnt_gemm_part {
 };
 
 /* memory.c */
-extern struct starpu_codelet tnt_free_cl;
+extern struct starpu_codelet tnt_free_cl, tnt_init_cl;
 void tnt_free_func(void *buffers[], void *cl_arg);
+void tnt_init_func(void *buffers[], void *cl_arg);
 void *tnt_blob_hold(const int32_t *p, double addr);
 
 /* failures.c */
