@@ -324,7 +324,8 @@ def test_a_skipped_task_leaves_the_others_of_a_reused_step_right(tmp_path):
     """AdamW on a (a tile of 0.75 MiB: its gradient's task, 3 tiles, is over a worker's
     2 MiB) and b: a's tasks are skipped every step; b's, from the same reused tasks with
     each step's scalars, give CPU's values."""
-    res = json.loads(_run(_SKIPPED_AMONG_REUSED, tmp_path).stdout.splitlines()[-1])
+    # the reuse itself is under test: not lowered again to check it (make test-check)
+    res = json.loads(_run(_SKIPPED_AMONG_REUSED, tmp_path, TORCH_NNTILE_CHECK_REUSE="0").stdout.splitlines()[-1])
     assert res["reused"] >= 1, res
     assert res["b_max_diff"] <= 1e-6, res
     assert "not enough memory for one task of mul+mul+add: its tiles need 2359296 bytes" in res["a_error"], res
