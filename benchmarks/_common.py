@@ -130,22 +130,20 @@ def _reset_peak() -> bool:
         return False
 
 
-def _peak_mib(reset: bool) -> float:
-    if reset:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux: the process's lifetime peak
-
-
-def rss_now_mib() -> float:
-    """The process's resident set now, in MiB (``VmRSS``)."""
+def status_mib(field: str) -> float:
+    """A memory figure of this process from /proc/self/status in MiB: ``VmRSS`` (resident
+    now), ``VmHWM`` (its peak)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024  # kB
-    return 0.0
+    raise RuntimeError(f"no {field} line in /proc/self/status")
+
+
+def _peak_mib(reset: bool) -> float:
+    if reset:
+        return status_mib("VmHWM")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux: the process's lifetime peak
 
 
 def rss_side(step: Step, warmup: int, steps: int, on_nntile: bool) -> None:

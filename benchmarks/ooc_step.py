@@ -33,7 +33,7 @@ import tempfile
 import time
 from typing import Any
 
-from _common import _peak_mib, _reset_peak, dump_json, machine_facts, rss_now_mib, run_record, starpu_version, utc_now
+from _common import _peak_mib, _reset_peak, dump_json, machine_facts, run_record, starpu_version, status_mib, utc_now
 
 import torch_nntile
 
@@ -61,7 +61,7 @@ def run_side(args: argparse.Namespace) -> None:
     torch_nntile.init_context(ncpu=args.ncpu, cpu_fallback=False, memory_limit=limit, swap_dir=swap,
                               scheduler=args.scheduler if limit else None)
     gpt2_step.gpt2(p)  # the CPU model that make_side builds (and drops) leaves its traces in the heap
-    base = rss_now_mib()
+    base = status_mib("VmRSS")
     step = gpt2_step.make_side("nntile", p, p.tilings)
     losses = [step() for _ in range(args.warmup)]
     torch_nntile.wait()

@@ -18,18 +18,10 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _common import status_mib
 
 import torch_nntile
 from torch_nntile.nn.model import DeepReLU
-
-
-def rss_mib() -> float:
-    """Resident set size of this process in MiB, from /proc/self/status."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024  # kB
-    raise RuntimeError("no VmRSS line in /proc/self/status")
 
 
 def main() -> int:
@@ -79,7 +71,7 @@ def main() -> int:
         if step % args.every == 0:
             torch_nntile.wait()
             ms = 1e3 * (time.perf_counter() - t0) / args.every
-            rss, live = rss_mib(), torch_nntile.info()["tiles_live"]
+            rss, live = status_mib("VmRSS"), torch_nntile.info()["tiles_live"]
             reports.append((step, rss, live))
             print(f"{step:>6} {loss_value:>9.4f} {rss:>9.1f} {live:>10} {ms:>8.1f}", flush=True)
             t0 = time.perf_counter()

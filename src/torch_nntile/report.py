@@ -85,7 +85,7 @@ def info() -> dict[str, Any]:
         "tile_bytes": rt.tile_bytes() if rt is not None else 0,
         "bytes_in": c["bytes_in"],
         "bytes_out": c["bytes_out"],
-        "out_of_core": rt.swap_info() if (rt := _live_runtime()) is not None else None,
+        "out_of_core": rt.swap_info() if rt is not None else None,
         "bytes_evicted": c["bytes_evicted"],
         "bytes_loaded": c["bytes_loaded"],
         "data_wait_s": stats.DATA_WAIT[0],

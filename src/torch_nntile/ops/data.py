@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -16,7 +15,7 @@ from torch_nntile.runtime.failures import failure_error
 from torch_nntile.runtime.host import HOST_COPY, host_copy
 from torch_nntile.runtime.interrupts import SHIELD
 from torch_nntile.runtime.workers import Done
-from torch_nntile.tiling.tiles import Arg, Lowering, R, W
+from torch_nntile.tiling.tiles import Arg, Lowering, R, TileArray, W
 
 
 def copy_in(src: torch.Tensor, box: tuple[tuple[int, int], ...], o: torch.Tensor) -> None:
@@ -148,7 +147,7 @@ def copy_out(views: tuple[torch.Tensor, ...], *tiles: torch.Tensor) -> None:
             v.copy_(t)
 
 
-def _readout_groups(rt: Runtime, arr: Any, itemsize: int) -> list[list[tuple[int, ...]]]:
+def _readout_groups(rt: Runtime, arr: TileArray) -> list[list[tuple[int, ...]]]:
     """The tiles of ``arr`` one readout task reads each: all of them, but out of core
     as many as fit in a share of the memory limit (one task's tiles must all be in RAM
     at once, next to the other workers' tasks)."""
@@ -158,8 +157,7 @@ def _readout_groups(rt: Runtime, arr: Any, itemsize: int) -> list[list[tuple[int
     share = rt.ooc.memory_limit // (2 * max(rt.ncpu, 1))
     groups: list[list[tuple[int, ...]]] = [[]]
     nbytes = 0
-    for idx in idxs:
-        tile = math.prod(s.stop - s.start for s in arr.slices(idx)) * itemsize
+    for idx, (tile, _dtype, _shape) in zip(idxs, arr.specs):  # specs: per tile, in the order of indices()
         if groups[-1] and nbytes + tile > share:
             groups.append([])
             nbytes = 0
@@ -171,11 +169,11 @@ def _readout_groups(rt: Runtime, arr: Any, itemsize: int) -> list[list[tuple[int
 def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
     """Copy a materialized node's tiles into a new CPU tensor.
 
-    Waits for this value only: one task reads every tile once its writers are done (out of core, a few tasks),
-    while the rest of the submitted work goes on (the next step can be recorded and
-    submitted meanwhile). If a tile holds a failure instead of a value (a kernel
-    that raised, upstream, or a tile without memory) that failure is raised here;
-    failures of other values are not. The wait lets Ctrl-C through. Under a dry-run
+    Waits for this value only: one task reads every tile once its writers are done
+    (out of core, a few tasks), while the rest of the submitted work goes on (the
+    next step can be recorded and submitted meanwhile). If a tile holds a failure
+    instead of a value (a kernel that raised, upstream, or a tile without memory)
+    that failure is raised here; failures of other values are not. The wait lets Ctrl-C through. Under a dry-run
     switch the tiles hold nothing meaningful: the result is zeros and a warning
     says so.
     """
@@ -190,7 +188,7 @@ def readout(rt: Runtime, node: DataNode) -> torch.Tensor:
         else:
             dones = []
             with SHIELD:
-                for idxs in _readout_groups(rt, arr, cpu.element_size()):
+                for idxs in _readout_groups(rt, arr):
                     views = [cpu[arr.slices(idx)] for idx in idxs]
                     ctx = Lowering(rt)
                     ctx.task(Kernel(copy_out, tuple(views)), [Arg(arr, idx, R) for idx in idxs], "readout")

@@ -101,9 +101,9 @@ class TileMemory:
                 self.lib.tnt_unregister_now(h)
 
     def tile_bytes(self) -> int:
-        """Bytes of every registered handle's tile, spares included."""
-        with self._spare_lock:
-            return sum(n * size for n, size in list(self._size.values()))
+        """Bytes of every registered handle's tile, spares included (a copy of the sizes:
+        handles are registered and unregistered without the spares' lock)."""
+        return sum(n * size for n, size in list(self._size.values()))
 
     def spare_count(self) -> int:
         with self._spare_lock:
