@@ -16,7 +16,9 @@ Prints per side the median ms a step; the peak resident memory above the process
 once a CPU copy of the model was built and dropped (VmHWM reset after the warm-up where
 the kernel allows, else the process's lifetime peak); out of core, the bytes evicted to
 disk and loaded back a step and the seconds workers waited for tiles; then the ratio of
-the step times and the largest relative difference of the losses. ``--json PATH``
+the step times and the largest relative difference of the losses. ``--lru`` adds a
+third side: out of core without the runtime's graph-aware hints
+(``TORCH_NNTILE_OOC_HINTS=0``), StarPU's LRU eviction alone. ``--json PATH``
 writes the options, machine and both sides' figures. ``--quick``: a tiny model, 2 steps.
 """
 
@@ -82,6 +84,7 @@ def run_side(args: argparse.Namespace) -> None:
               "evicted_per_step": (after["bytes_evicted"] - before["bytes_evicted"]) / n,
               "loaded_per_step": (after["bytes_loaded"] - before["bytes_loaded"]) / n,
               "data_wait_s_per_step": (after["data_wait_s"] - before["data_wait_s"]) / n,
+              "hint_evictions_per_step": (after["hint_evictions"] - before["hint_evictions"]) / n,
               "starpu": starpu_version(), "wall_s": time.perf_counter() - t0}
     torch_nntile.shutdown_context()
     if swap:
@@ -89,12 +92,13 @@ def run_side(args: argparse.Namespace) -> None:
     print(ONE_LINE, json.dumps(result), flush=True)
 
 
-def side(args: argparse.Namespace, limit: int) -> dict[str, Any]:
+def side(args: argparse.Namespace, limit: int, hints: bool = True) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", "--limit", str(limit), "--size", args.size,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--ncpu", str(args.ncpu),
            *(["--scheduler", args.scheduler] if args.scheduler else []),
            *(["--swap-dir", args.swap_dir] if args.swap_dir else []), *(["--quick"] if args.quick else [])]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = subprocess.run(cmd, capture_output=True, text=True,
+                         env={**os.environ, "TORCH_NNTILE_OOC_HINTS": "1" if hints else "0"})
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(ONE_LINE)]
     if res.returncode != 0 or not lines:
         raise RuntimeError(f"the {'out-of-core' if limit else 'in-memory'} side failed ({res.returncode}):\n"
@@ -116,6 +120,7 @@ def main() -> None:
     ap.add_argument("--ncpu", type=int, default=len(os.sched_getaffinity(0)), help="StarPU workers (default: the cores)")
     ap.add_argument("--scheduler", help="the out-of-core side's StarPU scheduler (default: init_context's)")
     ap.add_argument("--swap-dir", help="folder for the swap folder (default: the system's temporary folder)")
+    ap.add_argument("--lru", action="store_true", help="also run out of core without the graph-aware hints")
     ap.add_argument("--quick", action="store_true", help="a tiny model, 2 steps: checks that it runs")
     ap.add_argument("--json", metavar="PATH", help="also write the options, machine and figures to PATH as JSON")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: one side
@@ -133,26 +138,35 @@ def main() -> None:
     mem = side(args, 0)
     limit = max(1 << 20, int(mem["tile_bytes"] * args.fraction) >> 20 << 20)
     ooc = side(args, limit)
+    lru = side(args, limit, hints=False) if args.lru else None
     p = preset(args.size, args.quick)
     print(f"{facts['cpu']}, {args.ncpu} workers; StarPU {mem['starpu']}; GPT-2 {args.size}{' (quick)' if args.quick else ''}: "
           f"{p.n_layer} layers, n_embd {p.n_embd}, vocab {p.vocab}, batch {p.batch}, seq {p.seq}, AdamW")
     print(f"tile memory a step needs (in memory): {_mib(mem['tile_bytes'])}; memory_limit out of core: "
           f"{_mib(limit)} ({mem['tile_bytes'] / limit:.2f}x less)")
     print(f"{'':<14} {'ms/step':>9} {'peak rss above base':>20} {'evicted/step':>13} {'loaded/step':>12} "
-          f"{'data wait s/step':>17}")
-    for name, r in (("in memory", mem), ("out of core", ooc)):
+          f"{'data wait s/step':>17} {'hinted evictions/step':>22}")
+    sides = [("in memory", mem), ("out of core", ooc), *([("ooc, LRU only", lru)] if lru else [])]
+    for name, r in sides:
+        hinted = f"{r['hint_evictions_per_step']:.0f}" if r["memory_limit"] else ""
         print(f"{name:<14} {r['median_ms']:9.1f} {r['peak_rss_mib'] - r['base_rss_mib']:16.1f} MiB "
-              f"{_mib(r['evicted_per_step']):>13} {_mib(r['loaded_per_step']):>12} {r['data_wait_s_per_step']:17.3f}")
+              f"{_mib(r['evicted_per_step']):>13} {_mib(r['loaded_per_step']):>12} {r['data_wait_s_per_step']:17.3f} "
+              f"{hinted:>22}")
     ratio = ooc["median_ms"] / mem["median_ms"]
     diff = max(abs(a - b) / abs(a) for a, b in zip(mem["losses"], ooc["losses"]))
     print(f"out of core / in memory: {ratio:.2f}x the step time; losses' largest relative difference {diff:.2e}")
+    lru_ratio = lru["median_ms"] / mem["median_ms"] if lru else None
+    if lru:
+        lru_diff = max(abs(a - b) / abs(a) for a, b in zip(mem["losses"], lru["losses"]))
+        print(f"out of core with StarPU's LRU alone / in memory: {lru_ratio:.2f}x the step time; losses' largest "
+              f"relative difference {lru_diff:.2e}")
     wall = time.perf_counter() - t_start
     print(f"wall {wall:.0f} s")
     if args.json:
         machine = facts | {"starpu": mem["starpu"], "torch_threads": None, "starpu_workers": args.ncpu}
         dump_json(args.json, {**run_record("ooc_step", args, date, wall, machine, internal=("one", "limit", "json")),
                               "memory_limit": limit, "ratio": ratio, "loss_max_rel_diff": diff,
-                              "in_memory": mem, "out_of_core": ooc})
+                              "in_memory": mem, "out_of_core": ooc, "lru_ratio": lru_ratio, "out_of_core_lru": lru})
 
 
 if __name__ == "__main__":

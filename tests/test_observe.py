@@ -24,7 +24,8 @@ PHASES = {"record", "ingress", "fallback", "compile", "compile.reuse", "compile.
           "replay", "wait", "readout"}
 INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "ops_pruned", "compiles_reused", "compiles_lowered",
              "compiles_checked", "tiles_live", "tiles_peak", "tiles_registered", "tiles_spare", "tile_bytes", "bytes_in",
-             "bytes_out", "out_of_core", "bytes_evicted", "bytes_loaded", "data_wait_s", "dry_run"}
+             "bytes_out", "out_of_core", "bytes_evicted", "bytes_loaded", "data_wait_s", "hint_evictions",
+             "hint_evictions_declined", "dry_run"}
 
 _groups = itertools.count()
 

@@ -5,8 +5,10 @@ three times the limit give the losses of the same runs in memory, and info() cou
 what went to disk and back; a tile larger than the limit, or a task whose tiles exceed
 a worker's share of it, is a TileMemoryError naming the op and the sizes; a StarPU that
 cannot fit the waiting tasks (swap too small, a full disk) raises within seconds and
-the process still exits. Never a hang: each run is a subprocess with a timeout (the
-suite's own context is in memory)."""
+the process still exits. The graph-aware hints evict a tile right after a use whose
+next read is farther off than the limit, learned from the batch's previous run, and
+leave the losses as they were. Never a hang: each run is a subprocess with a timeout
+(the suite's own context is in memory)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import pytest
 import torch
 
 import torch_nntile
+from torch_nntile.runtime.hints import Hints
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,39 +194,46 @@ import json, os, sys
 import torch, torch.nn as nn, torch.nn.functional as F
 import torch_nntile
 
-swap = sys.argv[1]
-ooc = os.environ.get("OOC") == "1"
-if ooc:
-    torch_nntile.init_context(ncpu=2, memory_limit=32 << 20, swap_dir=swap, swap_size=1 << 30)
+swap, w, batch = sys.argv[1], int(os.environ["WIDTH"]), int(os.environ["BATCH"])
+if "LIMIT_MIB" in os.environ:
+    torch_nntile.init_context(ncpu=2, memory_limit=int(os.environ["LIMIT_MIB"]) << 20, swap_dir=swap, swap_size=1 << 30)
 torch.manual_seed(0)
-w = 768  # weights, gradients and AdamW's moments of 4 products and a head: about 40 MB, and activations
 model = nn.Sequential(*[nn.Linear(w, w, bias=False) for _ in range(4)], nn.Linear(w, 10)).to("nntile")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x, y = torch.randn(512, w).to("nntile"), torch.randint(0, 10, (512,)).to("nntile")
+x, y = torch.randn(batch, w).to("nntile"), torch.randint(0, 10, (batch,)).to("nntile")
 for i, m in enumerate(model):
     torch_nntile.set_axis_group_name(m.weight, {0: f"out{i}"})
     torch_nntile.set_axis_group_tiling(f"out{i}", 256 if m.weight.shape[0] > 10 else 10)
 torch_nntile.set_axis_group_name(x, {0: "batch", 1: "features"})
-torch_nntile.set_axis_group_tiling("batch", 256)
+torch_nntile.set_axis_group_tiling("batch", batch // 2)
 torch_nntile.set_axis_group_tiling("features", 256)
 losses = []
-for _ in range(3):
+for _ in range(int(os.environ["STEPS"])):  # the same batches each step
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     opt.step()
     opt.zero_grad()
     losses.append(loss.item())
 torch_nntile.wait()
-print(json.dumps({"losses": losses, "files": sum(len(f) for _, _, f in os.walk(swap))}))
+info = torch_nntile.info()
+print(json.dumps({"losses": losses, "files": sum(len(f) for _, _, f in os.walk(swap)),
+                  "hinted": info["hint_evictions"], "evicted": info["bytes_evicted"]}))
 """
+
+
+def _losses_match(mem: dict, run: dict) -> None:
+    for a, b in zip(mem["losses"], run["losses"], strict=True):
+        assert abs(a - b) <= 1e-6 * abs(a), (mem, run)
 
 
 @pytest.mark.slow
 def test_training_three_times_the_limit_gives_the_in_memory_losses(tmp_path):
-    mem = json.loads(_run(_TRAIN, tmp_path).stdout.splitlines()[-1])
-    ooc = json.loads(_run(_TRAIN, tmp_path, OOC="1").stdout.splitlines()[-1])
-    for a, b in zip(mem["losses"], ooc["losses"]):
-        assert abs(a - b) <= 1e-6 * abs(a), (mem, ooc)
+    """Weights, gradients and AdamW's moments of 4 products and a head (768 wide): about
+    40 MB, and activations, under 32 MiB."""
+    mlp = {"WIDTH": "768", "BATCH": "512", "STEPS": "3"}
+    mem = json.loads(_run(_TRAIN, tmp_path, **mlp).stdout.splitlines()[-1])
+    ooc = json.loads(_run(_TRAIN, tmp_path, **mlp, LIMIT_MIB="32").stdout.splitlines()[-1])
+    _losses_match(mem, ooc)
     assert ooc["files"] > 0  # tiles went to disk
 
 
@@ -382,3 +392,58 @@ def test_zero_size_values_read_back_out_of_core(tmp_path):
     fill one (tnt_init_cl): a zero-size value's tile is such a tile."""
     res = json.loads(_run(_ZERO_SIZE, tmp_path).stdout.splitlines()[-1])
     assert res == {"slice": [0, 7], "add": [0, 7], "scalar": 0.0}
+
+
+def test_graph_aware_hints_evict_early_and_keep_the_losses(tmp_path):
+    """From the second step on, the hints learned in the first evict tiles early (16 MiB
+    of weights, gradients and moments, and activations, under 8 MiB)."""
+    mlp = {"WIDTH": "512", "BATCH": "256", "STEPS": "5"}
+    mem = json.loads(_run(_TRAIN, tmp_path, **mlp).stdout.splitlines()[-1])
+    hinted = json.loads(_run(_TRAIN, tmp_path, **mlp, LIMIT_MIB="8").stdout.splitlines()[-1])
+    lru = json.loads(_run(_TRAIN, tmp_path, **mlp, LIMIT_MIB="8", TORCH_NNTILE_OOC_HINTS="0").stdout.splitlines()[-1])
+    for run in (hinted, lru):
+        _losses_match(mem, run)
+        assert run["evicted"] > 0
+    assert hinted["hinted"] > 0
+    assert lru["hinted"] == 0 and mem["hinted"] == 0
+
+
+PAGE = 4096
+_PAGES = {h: (1024, 4) for h in "xyabcd"}  # tiles of one page (float32)
+
+
+def _read(h: str) -> tuple[list[str], list[int], list[int]]:
+    return [h], [1], [PAGE]
+
+
+def _write(h: str) -> tuple[list[str], list[int], list[int]]:
+    return [h], [2], [PAGE]
+
+
+def test_hints_evict_after_the_use_before_a_gap_longer_than_the_limit():
+    step = [_read("x"), *map(_write, "abcd"), _read("x")]  # x's gap: 4 pages, and x: 5 pages
+    far = Hints(limit=3 * PAGE)
+    key = far.key("step")
+    assert far.plan(key, step, _PAGES) == []  # the first run of a batch: nothing learned yet
+    assert far.plan(key, step, _PAGES) == [0, 1, 0]  # task 0 evicts the tile at position 0 (x) once it ran
+    near = Hints(limit=5 * PAGE)
+    key = near.key("step")
+    assert near.plan(key, step, _PAGES) == near.plan(key, step, _PAGES) == []  # within the limit: kept
+
+
+def test_hints_count_only_live_tiles_and_reads():
+    for dead in (False, True):
+        hints = Hints(limit=3 * PAGE)
+        first, second = hints.key("first"), hints.key("second")
+        batch = [_read("x"), *map(_write, "abcd")]
+        hints.plan(first, batch, _PAGES)
+        if dead:
+            hints.forget(list("abcd"))  # died before x's next read: they push nothing out
+        hints.plan(second, [_read("x")], _PAGES)
+        assert hints.plan(first, batch, _PAGES) == ([] if dead else [0, 1, 0])
+    hints = Hints(limit=3 * PAGE)
+    key = hints.key("step")
+    rewritten = [_write("x"), *map(_write, "abcd"), _write("x")]  # x's value is dead by its next use
+    empty = [([h], [1], [0]) if h == "x" else _write(h) for h in "xabcdx"]  # an empty tile: never evicted
+    for step in (rewritten, empty):
+        assert hints.plan(key, step, _PAGES) == hints.plan(key, step, _PAGES) == []

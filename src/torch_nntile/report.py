@@ -63,7 +63,10 @@ def info() -> dict[str, Any]:
     ``dry_run`` names the active dry-run switch, if any. Out of core
     (``init_context(memory_limit=...)``), ``out_of_core`` gives the limit and swap
     folder, ``bytes_evicted`` and ``bytes_loaded`` what StarPU wrote to the swap disk
-    and read back, and ``data_wait_s`` the seconds workers waited for tiles to arrive.
+    and read back, ``data_wait_s`` the seconds workers waited for tiles to arrive, and
+    ``hint_evictions`` the tiles evicted right after a use because the graph showed
+    their next read too far off to keep them (``hint_evictions_declined``: such
+    evictions StarPU refused, the tile being in use then; runtime/hints.py).
     """
     stats.collect()
     phases = {p: {"calls": stats.PHASE_CALLS[p], "seconds": stats.PHASE_TIME[p]} for p in stats.PHASES}
@@ -89,6 +92,8 @@ def info() -> dict[str, Any]:
         "bytes_evicted": c["bytes_evicted"],
         "bytes_loaded": c["bytes_loaded"],
         "data_wait_s": stats.DATA_WAIT[0],
+        "hint_evictions": c["hint_evictions"],
+        "hint_evictions_declined": c["hint_evictions_declined"],
         "dry_run": _dry_run(),
     }
 
@@ -131,7 +136,7 @@ def format_info() -> str:
     if d["out_of_core"] is not None:
         lines.append(f"out of core, limit {_mb(d['out_of_core']['memory_limit'])}: evicted to disk "
                      f"{_mb(d['bytes_evicted'])}, loaded back {_mb(d['bytes_loaded'])}; workers waited "
-                     f"{d['data_wait_s']:.3f} s for tiles")
+                     f"{d['data_wait_s']:.3f} s for tiles; {d['hint_evictions']} evicted early (graph-aware hints)")
     return "\n".join(lines)
 
 

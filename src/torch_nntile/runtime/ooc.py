@@ -23,6 +23,7 @@ from typing import Any
 
 from torch_nntile import stats
 from torch_nntile.runtime.failures import TileMemoryError, _human
+from torch_nntile.runtime.hints import Hints
 
 _MIB = 1 << 20
 STALL_S = 30.0  # out of core: no task began or ended for this long while tasks wait: StarPU is stuck
@@ -84,21 +85,48 @@ class Swap:
             self.lib.tnt_set_managed(0)
             raise OSError(f"torch_nntile: StarPU could not open a disk node of {ooc.swap_size} bytes in swap_dir "
                           f"{ooc.swap_dir!r} (error {node})")
-        self._swap_out = self.ffi.new("double[6]")
-        self._swap_seen = (0.0, 0.0, 0.0)
+        self._swap_out = self.ffi.new("double[8]")
+        self._hints = Hints(ooc.memory_limit) if os.environ.get("TORCH_NNTILE_OOC_HINTS", "1") != "0" else None
+        self._swap_seen = (0.0,) * 5
         self._progress = (-1, -1, time.monotonic())
         self._stall_s = float(os.environ.get("TORCH_NNTILE_OOC_STALL_S", STALL_S))
         stats.COLLECTORS.append(self._collect_swap)
 
     def _collect_swap(self) -> None:
-        """Fold what StarPU moved to and from the disk, and the workers' waits, into stats."""
+        """Fold what StarPU moved to and from the disk, the workers' waits and the hints
+        taken into stats (the C side keeps totals)."""
         out = self._swap_out
         self.lib.tnt_ooc_stats(out)
-        seen, self._swap_seen = self._swap_seen, (out[0], out[1], out[2])
+        now = (out[0], out[1], out[2], out[6], out[7])
+        d = [a - b for a, b in zip(now, self._swap_seen)]
+        self._swap_seen = now
         c = stats.COUNTS
-        c["bytes_evicted"] += int(out[0] - seen[0])
-        c["bytes_loaded"] += int(out[1] - seen[1])
-        stats.DATA_WAIT[0] += out[2] - seen[2]
+        c["bytes_evicted"] += int(d[0])
+        c["bytes_loaded"] += int(d[1])
+        stats.DATA_WAIT[0] += d[2]
+        c["hint_evictions"] += int(d[3])
+        c["hint_evictions_declined"] += int(d[4])
+
+    def _plan_hints(self, b: Any, handles: list[Any]) -> tuple[int, Any]:
+        """Out of core, the graph-aware hints for batch ``b`` on ``handles`` (``Hints``):
+        (tasks with hints, their records for tnt_submit_batch)."""
+        hints = self._hints
+        if hints is None:
+            return 0, self.ffi.NULL
+        if b.hint_key is None:  # once a prepared batch: its layout
+            ffi = self.ffi
+            b.hint_key = hints.key((bytes(ffi.buffer(b.nbufs)), bytes(ffi.buffer(b.modes))))
+            b.hint_layout = [(len(modes), modes, [s[0] for s in specs]) for _fn, _hs, modes, specs, _name in b._tasks]
+        tasks, off = [], 0
+        for n, modes, nbytes in b.hint_layout:
+            tasks.append((handles[off:off + n], modes, nbytes))
+            off += n
+        rec = hints.plan(b.hint_key, tasks, self._size)
+        count, i = 0, 0
+        while i < len(rec):
+            count += 1
+            i += 2 + rec[i + 1]
+        return count, self.ffi.new("int32_t[]", rec) if rec else self.ffi.NULL
 
     def _stop_swap(self) -> None:
         self._collect_swap()

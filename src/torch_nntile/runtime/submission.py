@@ -35,7 +35,7 @@ class Batch:
     """Tasks as StarPU is sent them, less their handles (``Runtime.prepare``)."""
 
     __slots__ = ("n", "_tasks", "nbufs", "modes", "ngemm", "gemm", "coef", "n_ew", "ew", "ewc", "closures", "ew_at",
-                 "py_at", "too_big")
+                 "py_at", "too_big", "hint_key", "hint_layout")
 
     def __init__(self, tasks: list[Any], nbufs: Any, modes: Any, ngemm: int, gemm: Any, coef: Any, n_ew: int,
                  ew: Any, ewc: Any, closures: list[tuple[int, Callable[..., None], list[TileSpec], str]],
@@ -46,6 +46,8 @@ class Batch:
         self.ew_at = ew_at  # task -> where its C program's record and constants are in ``ew`` and ``ewc``
         self.py_at = {c[0]: j for j, c in enumerate(closures)}  # task -> its entry in ``closures``
         self.too_big: list[tuple[int, int]] = []  # out of core: (task, bytes) of tasks whose tiles exceed the limit
+        self.hint_key: Any = None  # out of core: what the graph-aware hints (runtime/hints.py) know this batch by
+        self.hint_layout: list[tuple[int, list[int], list[int]]] = []  # and its tasks' handle counts, modes, bytes
 
     def tasks(self, handles: list[Any]) -> list[tuple[Callable[..., None], list[Any], list[int], list[TileSpec], str]]:
         """The tasks again, on ``handles``, with their current kernels (for naming failures
@@ -198,10 +200,11 @@ class Submission:
                           for i, fn, specs, name in b.closures})
         ffi = self.ffi
         out = ffi.new("int[2]")  # tasks that went in, StarPU's error
+        nhint, hint = self._plan_hints(b, handles) if self.ooc is not None else (0, ffi.NULL)
         # The batch goes to StarPU in one C call that does not hold the GIL, so the
         # workers keep running (and Python kernels keep their turns) while it goes in.
         args = (n, key0, b.nbufs, ffi.new("tnt_handle[]", handles), b.modes, b.ngemm, b.gemm, b.coef, b.n_ew, b.ew,
-                b.ewc, int(stats.TRACE is not None), self.where, int(notify is not None), out)
+                b.ewc, nhint, hint, int(stats.TRACE is not None), self.where, int(notify is not None), out)
         try:
             with self._lock:
                 try:

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <starpu.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "shim_internal.h"
@@ -27,6 +28,7 @@ static int64_t tnt_refused, tnt_refused_bytes, tnt_refused_errno;
 int tnt_watch;  /* out of core: count the kernels that begin */
 static int64_t tnt_started;  /* kernels that began (tnt_task_failure): the watchdog's sign of life */
 static double tnt_sums[3];  /* bytes RAM -> disk, disk -> RAM, seconds workers waited for data */
+static int64_t tnt_hinted[2];  /* hinted evictions done, and declined by StarPU (the tile in use) */
 
 void tnt_kernel_started(void) { __atomic_add_fetch(&tnt_started, 1, __ATOMIC_RELAXED); }
 int64_t tnt_kernels_started(void) { return __atomic_load_n(&tnt_started, __ATOMIC_RELAXED); }
@@ -54,6 +56,37 @@ static void *tnt_disk_alloc(void *base, size_t size)
     return obj;
 }
 
+/* Graph-aware hints (runtime/hints.py): the tiles a task evicts once it has run, their
+   next read being too far off for them to stay in memory until then. StarPU's
+   starpu_data_wont_use cannot say it: for a tile without a home node it only
+   schedules a copy to disk, and leaves the tile where it is in the LRU order. */
+struct tnt_hints { int n; starpu_data_handle_t h[]; };
+
+/* Hints of n handles, at positions ``at`` of ``handles``; NULL without memory. */
+struct tnt_hints *tnt_hints_make(int n, const int32_t *at, const tnt_handle *handles)
+{
+    struct tnt_hints *x = malloc(sizeof(*x) + (size_t)n * sizeof(starpu_data_handle_t));
+    if (x == NULL)
+        return NULL;
+    x->n = n;
+    for (int i = 0; i < n; i++)
+        x->h[i] = (starpu_data_handle_t)handles[at[i]];
+    return x;
+}
+
+/* A task's epilogue: it runs before the task's dependents are released, so no handle
+   here has been unregistered. The eviction writes the tile to disk now, on this worker
+   (as StarPU's own evictions do when a worker needs room); StarPU declines it where a
+   task or a transfer holds the tile. */
+void tnt_hints_run(void *arg)
+{
+    struct tnt_hints *x = arg;
+    for (int i = 0; i < x->n; i++) {
+        int rc = starpu_data_evict_from_node(x->h[i], STARPU_MAIN_RAM);
+        __atomic_add_fetch(&tnt_hinted[rc == 0 ? 0 : 1], 1, __ATOMIC_RELAXED);
+    }
+}
+
 /* A disk node of nbytes in the folder path. Its memory node, or a negative errno. */
 int tnt_add_disk(const char *path, int64_t nbytes)
 {
@@ -64,6 +97,7 @@ int tnt_add_disk(const char *path, int64_t nbytes)
     tnt_refused = tnt_refused_bytes = tnt_refused_errno = 0;
     for (int i = 0; i < 3; i++)
         tnt_sums[i] = 0;
+    tnt_hinted[0] = tnt_hinted[1] = 0;
     tnt_disk_node = starpu_disk_register(&tnt_disk_ops, (void *)path, (starpu_ssize_t)nbytes);
     return tnt_disk_node;
 }
@@ -78,7 +112,8 @@ static void tnt_take_bus(int src, int dst, double *bytes)
 }
 
 /* out: bytes evicted to disk, bytes loaded from it, seconds workers waited for data,
-   evictions the full disk refused, their bytes, the errno of the last refusal. */
+   evictions the full disk refused, their bytes, the errno of the last refusal; hinted
+   evictions done and declined. */
 void tnt_ooc_stats(double *out)
 {
     if (tnt_disk_node >= 0) {
@@ -97,6 +132,8 @@ void tnt_ooc_stats(double *out)
     out[3] = (double)__atomic_load_n(&tnt_refused, __ATOMIC_RELAXED);
     out[4] = (double)__atomic_load_n(&tnt_refused_bytes, __ATOMIC_RELAXED);
     out[5] = (double)__atomic_load_n(&tnt_refused_errno, __ATOMIC_RELAXED);
+    out[6] = (double)__atomic_load_n(&tnt_hinted[0], __ATOMIC_RELAXED);
+    out[7] = (double)__atomic_load_n(&tnt_hinted[1], __ATOMIC_RELAXED);
 }
 
 /* After shutdown: no disk node any more. */

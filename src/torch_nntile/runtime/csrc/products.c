@@ -197,15 +197,19 @@ void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local,
 }
 
 int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, double alpha,
-                    double beta, int64_t key, int trace, uint32_t where)
+                    double beta, int64_t key, int trace, uint32_t where, struct tnt_hints *hints)
 {
     int kind = p[0], ta = p[1], tb = p[2], m = p[3], n = p[4], k = p[5], dbl = p[6], name = p[7], batch = p[8];
     if (name < 0 || name >= TNT_NAMES || (dbl ? tnt_dgemm == NULL : tnt_sgemm == NULL) || batch < 0
-        || (kind != TNT_GEMM && (dbl || batch != 1 || !tnt_spack || !tnt_scompute)))
+        || (kind != TNT_GEMM && (dbl || batch != 1 || !tnt_spack || !tnt_scompute))) {
+        free(hints);
         return -EINVAL;
+    }
     struct tnt_gemm_args *a = malloc(sizeof(*a));
-    if (a == NULL)
+    if (a == NULL) {
+        free(hints);
         return -ENOMEM;
+    }
     struct tnt_gemm_args v = { key, kind, ta, tb, m, n, k, dbl, name, trace, batch, alpha, beta };
     *a = v;
     struct starpu_task *task = starpu_task_create();
@@ -214,5 +218,5 @@ int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, dou
     task->cl_arg_size = sizeof(*a);
     task->cl_arg_free = 1;
     task->where = where;
-    return tnt_set_buffers(task, nbuf, handles, modes) ? -ENOMEM : starpu_task_submit(task);
+    return tnt_send(task, nbuf, handles, modes, hints);
 }

@@ -49,7 +49,7 @@ size_t tnt_pack_size(int m, int n, int k);
 int tnt_set_own_sgemm(int on);
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
-                     int trace, uint32_t where, int urgent_last, int *out);
+                     int nhint, int32_t *hint, int trace, uint32_t where, int urgent_last, int *out);
 int64_t tnt_gemm_done(void);
 void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
 int64_t tnt_gemm_event_count(void);

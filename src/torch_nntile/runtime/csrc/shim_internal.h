@@ -41,6 +41,9 @@ void tnt_native_failed(struct starpu_task *task, int nbuf, int64_t failure);
 /* disk.c */
 extern int tnt_watch;
 void tnt_kernel_started(void);
+struct tnt_hints;
+struct tnt_hints *tnt_hints_make(int n, const int32_t *at, const tnt_handle *handles);
+void tnt_hints_run(void *arg);
 
 /* submit.c */
 extern struct starpu_codelet tnt_cl, tnt_ew_cl;
@@ -48,6 +51,7 @@ void tnt_cpu_func(void *buffers[], void *cl_arg);
 void tnt_ew_func(void *buffers[], void *cl_arg);
 void tnt_codelet(struct starpu_codelet *cl, void (*fn)(void *[], void *), int writes_one, const char *name);
 int tnt_set_buffers(struct starpu_task *task, int n, tnt_handle *handles, int *modes);
+int tnt_send(struct starpu_task *task, int n, tnt_handle *handles, int *modes, struct tnt_hints *hints);
 
 /* products.c */
 extern int tnt_skip_kernels;
@@ -55,7 +59,7 @@ void tnt_gemm_run(const struct tnt_gemm_part *p);
 int tnt_gemm_split(struct tnt_gemm_part *p, struct tnt_gemm_part *rest);
 void tnt_blas_single(void);
 int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, double alpha, double beta,
-                    int64_t key, int trace, uint32_t where);
+                    int64_t key, int trace, uint32_t where, struct tnt_hints *hints);
 
 /* share.c */
 int tnt_help(void);

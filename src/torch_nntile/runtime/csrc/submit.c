@@ -60,7 +60,30 @@ int tnt_set_buffers(struct starpu_task *task, int n, tnt_handle *handles, int *m
     return 0;
 }
 
-static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where, int urgent)
+/* Set a task's buffers and submit it; out of core, ``hints`` (or NULL) run once it has
+   run (disk.c). They are the task's: freed with it, or here if it cannot be sent (as
+   the builders below free them where they fail before this). */
+int tnt_send(struct starpu_task *task, int n, tnt_handle *handles, int *modes, struct tnt_hints *hints)
+{
+    if (tnt_set_buffers(task, n, handles, modes)) {
+        free(hints);
+        return -ENOMEM;
+    }
+    if (hints != NULL) {
+        task->epilogue_callback_func = tnt_hints_run;  /* before the task's dependents, which may unregister */
+        task->epilogue_callback_arg = hints;
+        task->epilogue_callback_arg_free = 1;
+    }
+    int rc = starpu_task_submit(task);
+    if (rc != 0 && hints != NULL) {
+        task->epilogue_callback_arg = NULL;
+        free(hints);
+    }
+    return rc;
+}
+
+static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint32_t where, int urgent,
+                      struct tnt_hints *hints)
 {
     struct starpu_task *task = starpu_task_create();
     task->cl = &tnt_cl;
@@ -68,7 +91,7 @@ static int tnt_submit(int64_t key, int n, tnt_handle *handles, int *modes, uint3
     task->where = where;
     if (urgent)
         task->priority = STARPU_MAX_PRIO;
-    return tnt_set_buffers(task, n, handles, modes) ? -ENOMEM : starpu_task_submit(task);
+    return tnt_send(task, n, handles, modes, hints);
 }
 
 /* Elementwise and row-wise tiles (csrc/ew.c, rows.c, typed.c): cl_arg is a tnt_ew_args
@@ -122,23 +145,28 @@ void tnt_ew_func(void *buffers[], void *cl_arg)
 }
 
 static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_t *rec, const double *consts,
-                         int64_t key, int trace, uint32_t where)
+                         int64_t key, int trace, uint32_t where, struct tnt_hints *hints)
 {
     int name = rec[0], nints = rec[1], nconst = rec[2];
     const int32_t *prog = rec + 3;
     if (name < 0 || name >= TNT_NAMES || nconst < 0 || nconst > TNT_EW_TEMP - TNT_EW_CONST || nints < 1
         || nbuf > TNT_EW_CONST
         || (prog[0] == 0 ? tnt_ew_check(prog + 1, nints - 1, nconst, nbuf)
-                         : tnt_rows_check(prog[0], prog + 1, nints - 1, nconst, nbuf)) != 0)
+                         : tnt_rows_check(prog[0], prog + 1, nints - 1, nconst, nbuf)) != 0) {
+        free(hints);
         return -EINVAL;
+    }
     void *blob = NULL;  /* the data an ingress reads: held until the task has run */
-    if (prog[0] == TNT_ROWS_INGRESS && (blob = tnt_blob_hold(prog + 1, consts[0])) == NULL)
+    if (prog[0] == TNT_ROWS_INGRESS && (blob = tnt_blob_hold(prog + 1, consts[0])) == NULL) {
+        free(hints);
         return -EINVAL;
+    }
     size_t at = tnt_ew_consts_at(nints), size = at + (size_t)nconst * sizeof(double);
     struct tnt_ew_args *a = malloc(size);
     if (a == NULL) {
         if (blob)
             tnt_blob_release(blob);
+        free(hints);
         return -ENOMEM;
     }
     struct tnt_ew_args v = { key, name, trace, nints, nconst };
@@ -151,7 +179,7 @@ static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_
     task->cl_arg_size = size;
     task->cl_arg_free = 1;
     task->where = where;
-    int rc = tnt_set_buffers(task, nbuf, handles, modes) ? -ENOMEM : starpu_task_submit(task);
+    int rc = tnt_send(task, nbuf, handles, modes, hints);
     if (rc != 0 && blob)
         tnt_blob_release(blob);
     return rc;
@@ -167,26 +195,37 @@ static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_
    even if it is interrupted right after this returns), out[1] is StarPU's error for
    the first that did not. With urgent_last the last task (a readout, which the host
    waits for) gets the highest priority: it runs as soon as its tiles are ready, not
-   after the tasks queued before it. */
+   after the tasks queued before it. Out of core, nhint tasks get hints: tiles they evict
+   once run (records by task index: task index, count, then as many positions in handles). */
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
-                     int trace, uint32_t where, int urgent_last, int *out)
+                     int nhint, int32_t *hint, int trace, uint32_t where, int urgent_last, int *out)
 {
     out[0] = 0;
-    int off = 0, g = 0, e = 0;
+    int off = 0, g = 0, e = 0, h = 0;
     for (int i = 0; i < n; i++) {
         int r;
+        struct tnt_hints *hints = NULL;
+        if (h < nhint && hint[0] == i) {
+            hints = tnt_hints_make(hint[1], hint + 2, handles);
+            if (hints == NULL) {
+                out[1] = -ENOMEM;
+                return i;
+            }
+            hint += 2 + hint[1];
+            h++;
+        }
         if (g < ngemm && gemm[10 * g] == i) {
             r = tnt_submit_gemm(nbufs[i], handles + off, modes + off, gemm + 10 * g + 1, coef[2 * g],
-                                coef[2 * g + 1], key0 + i, trace, where);
+                                coef[2 * g + 1], key0 + i, trace, where, hints);
             g++;
         } else if (e < new && ew[0] == i) {  /* record: task index, name, nints, nconst, program */
-            r = tnt_submit_ew(nbufs[i], handles + off, modes + off, ew + 1, ewc, key0 + i, trace, where);
+            r = tnt_submit_ew(nbufs[i], handles + off, modes + off, ew + 1, ewc, key0 + i, trace, where, hints);
             ewc += ew[3];
             ew += 4 + ew[2];
             e++;
         } else {
-            r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where, urgent_last && i == n - 1);
+            r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where, urgent_last && i == n - 1, hints);
         }
         if (r != 0) {
             out[1] = r;
