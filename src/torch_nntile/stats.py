@@ -32,6 +32,7 @@ _ident = threading.get_ident
 
 OP_CALLS: Counter[str] = Counter()  # ATen overload -> recorded calls
 FALLBACK_CALLS: Counter[str] = Counter()  # ATen op -> calls run on the CPU fallback
+UNTILED_CALLS: Counter[str] = Counter()  # ATen overload -> calls recorded as one untiled task (backend/untiled.py)
 FALLBACK_SOURCE: dict[str, str] = {}  # ATen op -> first user source line that triggered it
 RETILES: Counter[tuple[str, str]] = Counter()  # (op, axis group) -> values re-tiled along it for (or after) the op
 
@@ -133,6 +134,7 @@ def reset() -> None:
     PHASE_CALLS.clear()
     OP_CALLS.clear()
     FALLBACK_CALLS.clear()
+    UNTILED_CALLS.clear()
     FALLBACK_SOURCE.clear()
     RETILES.clear()
     live = COUNTS["tiles_live"]

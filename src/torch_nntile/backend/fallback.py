@@ -14,12 +14,15 @@ import torch
 from torch.utils._pytree import tree_map
 
 from torch_nntile import stats
+from torch_nntile.backend import untiled
 from torch_nntile.backend.device import DEVICE, from_cpu, ingress, resize, to_cpu, write
 from torch_nntile.backend.sparse import route_to, sparse_to_cpu, write_sparse
+from torch_nntile.graph.nodes import SESSION
 from torch_nntile.session import SESSION_STATE
 
 _LIB = torch.library.Library("_", "IMPL")
 _WARNED: set[str] = set()  # ops already warned about under TORCH_NNTILE_DEBUG
+_UNTILED = stats.env_flag("TORCH_NNTILE_UNTILED")  # ops with a Meta kernel run as untiled tasks in the graph
 
 
 def op_name(op: Any) -> str:
@@ -36,6 +39,17 @@ def run_fallback(op: Any, args: tuple, kwargs: dict, case: str | None = None) ->
     name = op_name(op)
     if SESSION_STATE.shut_down:
         raise RuntimeError("torch_nntile: the context has been shut down; nntile tensors can no longer be used")
+    if _UNTILED:
+        t0 = stats.enter()
+        try:
+            out = untiled.record(op, args, kwargs, name, _CPU_FORM.get(name))
+        finally:
+            stats.leave("record", t0)
+        if out is not untiled.NOT_RECORDED:
+            stats.OP_CALLS[name] += 1
+            if len(SESSION.pending) >= SESSION_STATE.flush_ops:
+                SESSION_STATE.flush_early()
+            return out
     if not SESSION_STATE.cpu_fallback:
         raise NotImplementedError(
             f"torch_nntile: {name} is not supported on the nntile device{f' ({case})' if case else ''} "
