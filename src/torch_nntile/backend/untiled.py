@@ -59,24 +59,34 @@ def _thawed(v: Any, tiles: tuple[torch.Tensor, ...]) -> Any:
     return v
 
 
-def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...], nfresh: int,
+def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...], fresh: tuple[int, ...],
                 written: tuple[int, ...], *tiles: torch.Tensor) -> None:
-    """The task: ``op`` on the input tiles; its fresh results copied into the first
-    ``nfresh`` tiles; each argument it writes (input tile ``written[k]``) replaced by
-    output tile ``nfresh + k``, given the input's value first where the shapes agree
-    (an in-place op; an ``out=`` argument of another shape is only written)."""
-    nout = nfresh + len(written)
-    outs, ins = tiles[:nout], list(tiles[nout:])
-    for k, i in enumerate(written):
-        o = outs[nfresh + k]
-        if o.shape == ins[i].shape:
-            o.copy_(ins[i])
-        ins[i] = o
+    """The task: ``op`` on the input tiles. The result's leaves at positions ``fresh``
+    (in ``tree_flatten`` order) are copied into the first output tiles. Each argument
+    the op writes (input tile ``written[k]``) is given as a CPU copy of its input (an
+    in-place op reads it; an ``out=`` kernel may resize it, or use it as scratch in
+    another shape first, which a tile cannot be), then copied into output tile
+    ``len(fresh) + k``."""
+    nfresh = len(fresh)
+    outs, ins = tiles[:nfresh + len(written)], list(tiles[nfresh + len(written):])
+    scratch = []
+    for i in written:
+        ins[i] = ins[i].clone()
+        scratch.append(ins[i])
     got = tuple(ins)
     res = op(*[_thawed(a, got) for a in args], **{k: _thawed(v, got) for k, v in kw})
-    fresh = [r for r in tree_flatten(res)[0] if isinstance(r, torch.Tensor) and not any(r is o for o in outs)]
-    for o, r in zip(outs[:nfresh], fresh, strict=True):
-        o.copy_(r)
+    leaves = tree_flatten(res)[0]
+    for o, at in zip(outs, fresh):
+        o.copy_(leaves[at])
+    for o, x in zip(outs[nfresh:], scratch):
+        o.copy_(x)
+
+
+# Ops whose Meta kernel gives other shapes than their CPU kernel (batch norm's saved
+# statistics in eval mode, embedding_bag's bookkeeping outputs): they stay on the host.
+_META_DIFFERS = {"aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit.no_stats",
+                 "aten::_native_batch_norm_legit_functional", "aten::_embedding_bag",
+                 "aten::_embedding_bag_forward_only"}
 
 
 def _skip(op: Any) -> bool:
@@ -95,7 +105,7 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     tensors, or ``NOT_RECORDED``. ``run``: what computes it on the CPU (and on meta
     tensors), where that is not ``op`` itself (a backend hook with no CPU kernel)."""
     run = op if run is None else run
-    if _skip(op):
+    if name in _META_DIFFERS or _skip(op):
         return NOT_RECORDED
     metas: dict[int, torch.Tensor] = {}  # id of a meta argument -> the nntile tensor it stands for
     ok = True
@@ -124,8 +134,8 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
         meta_res = run(*meta_args, **meta_kwargs)
     except Exception:  # no Meta kernel, a shape that depends on values, or an error CPU gives in its words
         return NOT_RECORDED
-    flat_res = [r for r in tree_flatten(meta_res)[0] if r is not None]
-    if not all(isinstance(r, torch.Tensor) and r.device == _META for r in flat_res):
+    leaves = tree_flatten(meta_res)[0]
+    if not all(r is None or isinstance(r, torch.Tensor) and r.device == _META for r in leaves):
         return NOT_RECORDED
 
     nodes: list[Any] = []
@@ -148,13 +158,13 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
 
     p_args = tuple(operand(a) for a in args)
     p_kw = tuple((k, operand(v)) for k, v in kwargs.items())
-    written_ids = {id(m) for m in written_meta}
-    fresh = [r for r in flat_res if id(r) not in written_ids]
+    at = [k for k, r in enumerate(leaves) if r is not None and id(r) not in metas]  # results, not arguments
+    fresh = [leaves[k] for k in at]
     wrote = [metas[id(m)] for m in written_meta]
     written = tuple(index[id(t)] for t in wrote)
     outs = [(tuple(r.shape), r.dtype, None) for r in fresh]
     outs += [(tuple(m.shape), m.dtype, None) for m in written_meta]
-    kernel = Kernel(run_untiled, run, p_args, p_kw, len(fresh), written)
+    kernel = Kernel(run_untiled, run, p_args, p_kw, tuple(at), written)
     stats.UNTILED_CALLS[name] += 1
     values = whole_op(name, kernel, nodes, outs)
     for t, v in zip(wrote, values[len(fresh):], strict=True):
