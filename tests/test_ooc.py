@@ -447,3 +447,17 @@ def test_hints_count_only_live_tiles_and_reads():
     empty = [([h], [1], [0]) if h == "x" else _write(h) for h in "xabcdx"]  # an empty tile: never evicted
     for step in (rewritten, empty):
         assert hints.plan(key, step, _PAGES) == hints.plan(key, step, _PAGES) == []
+
+
+def test_hints_keep_a_bounded_number_of_batch_layouts():
+    hints = Hints(limit=3 * PAGE)
+    step = [_read("x"), *map(_write, "abcd"), _read("x")]
+    key = hints.key("step")
+    hints.plan(key, step, _PAGES)
+    assert hints.plan(key, step, _PAGES) == [0, 1, 0]
+    for i in range(300):  # a program whose batches never repeat: what was learned goes, memory stays bounded
+        hints.plan(hints.key(("other", i)), [_read("y")], _PAGES)
+    assert len(hints._keys) <= 256 and len(hints._evict) <= 256
+    key = hints.key("step")
+    assert hints.plan(key, step, _PAGES) == []  # learned anew
+    assert hints.plan(key, step, _PAGES) == [0, 1, 0]

@@ -23,6 +23,7 @@ from typing import Any
 from torch_nntile.runtime.memory import PAGE
 
 _CLOCK = 1 << 20  # task times kept (a Fenwick tree of this many ints); past it the gaps start anew
+_LAYOUTS = 256  # batch layouts learned about at most
 
 
 class Hints:
@@ -39,8 +40,23 @@ class Hints:
         self._dead: list[Any] = []  # tiles released since the last plan (appended from any thread)
 
     def key(self, layout: Any) -> Any:
-        """The one object that stands for batches of ``layout`` (compared by identity)."""
-        return self._keys.setdefault(layout, layout)
+        """The one object that stands for batches of ``layout`` (compared by identity).
+        Past ``_LAYOUTS`` layouts (a program whose batches keep changing, so that little
+        repeats) what was learned is dropped and learning starts anew, memory bounded."""
+        key = self._keys.get(layout)
+        if key is None:
+            if len(self._keys) >= _LAYOUTS:
+                self._keys.clear()
+                self._evict.clear()
+                self._restart()
+            key = self._keys[layout] = layout
+        return key
+
+    def _restart(self) -> None:
+        """Measure the gaps anew (what was learned stays)."""
+        self._tree = [0] * (_CLOCK + 1)
+        self._clock = 0
+        self._last.clear()
 
     def forget(self, handles: list[Any]) -> None:
         """Tiles that died: their memory is free, they no longer push others out. Safe
@@ -85,9 +101,7 @@ class Hints:
             if prev is not None:
                 self._add(prev[0], -prev[4])
         if self._clock + len(tasks) > _CLOCK:
-            self._tree = [0] * (_CLOCK + 1)
-            self._clock = 0
-            last.clear()
+            self._restart()
         now, off = self._clock, 0
         for i, (hs, modes, nbytes) in enumerate(tasks):
             here: dict[Any, list[Any]] = {}  # the task's distinct tiles: position, reads, bytes
