@@ -106,6 +106,11 @@ def side(args: argparse.Namespace, limit: int, hints: bool = True) -> dict[str, 
     return json.loads(lines[-1].removeprefix(ONE_LINE))
 
 
+def _loss_diff(mem: dict[str, Any], side: dict[str, Any]) -> float:
+    """The largest relative difference of a side's losses from the in-memory ones."""
+    return max(abs(a - b) / abs(a) for a, b in zip(mem["losses"], side["losses"]))
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
@@ -153,11 +158,11 @@ def main() -> None:
               f"{_mib(r['evicted_per_step']):>13} {_mib(r['loaded_per_step']):>12} {r['data_wait_s_per_step']:17.3f} "
               f"{hinted:>22}")
     ratio = ooc["median_ms"] / mem["median_ms"]
-    diff = max(abs(a - b) / abs(a) for a, b in zip(mem["losses"], ooc["losses"]))
+    diff = _loss_diff(mem, ooc)
     print(f"out of core / in memory: {ratio:.2f}x the step time; losses' largest relative difference {diff:.2e}")
     lru_ratio = lru["median_ms"] / mem["median_ms"] if lru else None
     if lru:
-        lru_diff = max(abs(a - b) / abs(a) for a, b in zip(mem["losses"], lru["losses"]))
+        lru_diff = _loss_diff(mem, lru)
         print(f"out of core with StarPU's LRU alone / in memory: {lru_ratio:.2f}x the step time; losses' largest "
               f"relative difference {lru_diff:.2e}")
     wall = time.perf_counter() - t_start

@@ -424,11 +424,11 @@ def test_hints_evict_after_the_use_before_a_gap_longer_than_the_limit():
     step = [_read("x"), *map(_write, "abcd"), _read("x")]  # x's gap: 4 pages, and x: 5 pages
     far = Hints(limit=3 * PAGE)
     key = far.key("step")
-    assert far.plan(key, step, _PAGES) == []  # the first run of a batch: nothing learned yet
-    assert far.plan(key, step, _PAGES) == [0, 1, 0]  # task 0 evicts the tile at position 0 (x) once it ran
+    assert far.plan(key, step, _PAGES) == (0, [])  # the first run of a batch: nothing learned yet
+    assert far.plan(key, step, _PAGES) == (1, [0, 1, 0])  # task 0 evicts the tile at position 0 (x) once it ran
     near = Hints(limit=5 * PAGE)
     key = near.key("step")
-    assert near.plan(key, step, _PAGES) == near.plan(key, step, _PAGES) == []  # within the limit: kept
+    assert near.plan(key, step, _PAGES) == near.plan(key, step, _PAGES) == (0, [])  # within the limit: kept
 
 
 def test_hints_count_only_live_tiles_and_reads():
@@ -440,13 +440,13 @@ def test_hints_count_only_live_tiles_and_reads():
         if dead:
             hints.forget(list("abcd"))  # died before x's next read: they push nothing out
         hints.plan(second, [_read("x")], _PAGES)
-        assert hints.plan(first, batch, _PAGES) == ([] if dead else [0, 1, 0])
+        assert hints.plan(first, batch, _PAGES) == ((0, []) if dead else (1, [0, 1, 0]))
     hints = Hints(limit=3 * PAGE)
     key = hints.key("step")
     rewritten = [_write("x"), *map(_write, "abcd"), _write("x")]  # x's value is dead by its next use
     empty = [([h], [1], [0]) if h == "x" else _write(h) for h in "xabcdx"]  # an empty tile: never evicted
     for step in (rewritten, empty):
-        assert hints.plan(key, step, _PAGES) == hints.plan(key, step, _PAGES) == []
+        assert hints.plan(key, step, _PAGES) == hints.plan(key, step, _PAGES) == (0, [])
 
 
 def test_hints_keep_a_bounded_number_of_batch_layouts():
@@ -454,10 +454,10 @@ def test_hints_keep_a_bounded_number_of_batch_layouts():
     step = [_read("x"), *map(_write, "abcd"), _read("x")]
     key = hints.key("step")
     hints.plan(key, step, _PAGES)
-    assert hints.plan(key, step, _PAGES) == [0, 1, 0]
+    assert hints.plan(key, step, _PAGES) == (1, [0, 1, 0])
     for i in range(300):  # a program whose batches never repeat: what was learned goes, memory stays bounded
         hints.plan(hints.key(("other", i)), [_read("y")], _PAGES)
     assert len(hints._keys) <= 256 and len(hints._evict) <= 256
     key = hints.key("step")
-    assert hints.plan(key, step, _PAGES) == []  # learned anew
-    assert hints.plan(key, step, _PAGES) == [0, 1, 0]
+    assert hints.plan(key, step, _PAGES) == (0, [])  # learned anew
+    assert hints.plan(key, step, _PAGES) == (1, [0, 1, 0])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch_nntile.runtime.memory import PAGE
+from torch_nntile.runtime.memory import paged_bytes
 
 _CLOCK = 1 << 20  # task times kept (a Fenwick tree of this many ints); past it the gaps start anew
 _LAYOUTS = 256  # batch layouts learned about at most
@@ -64,18 +64,20 @@ class Hints:
         self._dead.extend(handles)
 
     def plan(self, key: Any, tasks: list[tuple[list[Any], list[int], list[int]]],
-             size: dict[Any, tuple[int, int]]) -> list[int]:
+             size: dict[Any, tuple[int, int]]) -> tuple[int, list[int]]:
         """The hints for a batch about to be submitted, as ``tnt_submit_batch`` takes them
-        (records by task index: task, count, then as many positions in the batch's
-        handles), from what earlier runs of batches of ``key`` taught; then learn from
-        this one. ``tasks``: each task's handles, modes and tiles' bytes (0: an empty
+        (how many tasks have hints, and their records by task index: task, count, then
+        as many positions in the batch's handles), from what earlier runs of batches of
+        ``key`` taught; then learn from this one. ``tasks``: each task's handles, modes and tiles' bytes (0: an empty
         tile, never evicted)."""
         out: list[int] = []
+        ntasks = 0
         for i, pos in sorted(self._evict.setdefault(key, {}).items()):
             if pos:
                 out += (i, len(pos), *pos)
+                ntasks += 1
         self._learn(key, tasks, size)
-        return out
+        return ntasks, out
 
     def _add(self, i: int, v: int) -> None:
         tree = self._tree
@@ -108,7 +110,7 @@ class Hints:
             for j, h in enumerate(hs):
                 u = here.get(h)
                 if u is None:
-                    here[h] = [off + j, modes[j] & 1, -(-size[h][0] * size[h][1] // PAGE) * PAGE if nbytes[j] else 0]
+                    here[h] = [off + j, modes[j] & 1, paged_bytes(size[h]) if nbytes[j] else 0]
                 elif modes[j] & 1:
                     u[1] = 1
             off += len(hs)

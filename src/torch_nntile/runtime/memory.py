@@ -15,6 +15,12 @@ from torch_nntile.runtime.failures import Failure, _new_failure
 
 TRIM_S = 0.25  # at most this often, when the workers go idle, malloc's free pages go back to the system
 PAGE = 4096  # out of core, a tile is registered as the whole pages that hold it (tnt_register)
+
+
+def paged_bytes(key: tuple[int, int]) -> int:
+    """Out of core, the bytes StarPU gives a tile of ``key``'s size (items, item size):
+    the whole pages that hold it."""
+    return -(-key[0] * key[1] // PAGE) * PAGE
 SPARE_COMPILES = 4  # compiles a size of spare handles may go unasked for before they are freed
 
 
@@ -80,7 +86,7 @@ class TileMemory:
             hs = set(task[1])
             if len(hs) < 2:  # it holds nothing while it waits: a tile within the whole limit will do
                 continue
-            nbytes = sum(-(-size[h][0] * size[h][1] // PAGE) * PAGE for h in hs if h not in bad)  # no memory: empty
+            nbytes = sum(paged_bytes(size[h]) for h in hs if h not in bad)  # no memory: empty
             if nbytes > limit:
                 out.append((i, nbytes))
         return out

@@ -121,11 +121,7 @@ class Swap:
         for n, modes, nbytes in b.hint_layout:
             tasks.append((handles[off:off + n], modes, nbytes))
             off += n
-        rec = hints.plan(b.hint_key, tasks, self._size)
-        count, i = 0, 0
-        while i < len(rec):
-            count += 1
-            i += 2 + rec[i + 1]
+        count, rec = hints.plan(b.hint_key, tasks, self._size)
         return count, self.ffi.new("int32_t[]", rec) if rec else self.ffi.NULL
 
     def _stop_swap(self) -> None:
