@@ -2,7 +2,8 @@
 
 Behind ``TORCH_NNTILE_UNTILED=1`` for now, read when torch_nntile is imported: each run
 is a subprocess. With ``cpu_fallback=False`` nothing may reach the host fallback; the
-results are CPU's, untiled and with the batch in two tiles."""
+results are CPU's, untiled and with the batch in two tiles, for zero-size and 0-dim
+inputs too."""
 
 from __future__ import annotations
 
@@ -57,6 +58,11 @@ o, on = torch.empty(0), dev(torch.empty(0))
 torch.polygamma(1, x, out=o)
 out = torch.polygamma(1, xn, out=on)  # out=: resized, written, returned
 res["polygamma_out"] = [diff(on, o) / float(o.abs().max()), out is on, list(on.shape)]
+e = torch.empty(0, 3)
+res["histc_empty"] = bool(torch.equal(torch.histc(dev(e), 4).cpu(), torch.histc(e, 4)))  # zero-size
+s0 = torch.tensor(2.5)
+v0, i0 = torch.topk(s0.to("nntile"), 1)  # 0-dim
+res["topk_0dim"] = [v0.item(), i0.item(), list(v0.shape), list(i0.shape)]
 try:
     torch.logcumsumexp(xn, 0)  # no Meta kernel: the host fallback, refused here
 except NotImplementedError as e:
@@ -81,6 +87,7 @@ def test_ops_without_tiled_lowering_run_in_the_graph():
         assert conv_out < 1e-5 and conv_grad < 1e-4, res
         assert res["topk"] == [0.0, True] and res["unfold"] and res["histc"], res
         assert res["max_pool2d"] == [0.0, True], res
+        assert res["histc_empty"] and res["topk_0dim"] == [2.5, 0, [], []], res
         assert res["digamma_"] < 1e-5, res
         assert res["polygamma_out"][0] < 1e-5 and res["polygamma_out"][1:] == [True, [4, 3, 8, 8]], res
         assert res["logcumsumexp"].startswith("torch_nntile: aten::_logcumsumexp is not supported on the nntile "), res
