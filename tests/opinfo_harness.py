@@ -3,9 +3,10 @@
 For an op_db entry, every float32 CPU sample runs on CPU and on nntile; outputs and
 the gradients of the differentiable inputs must agree (values within a tolerance
 scaled to the result's magnitude, integer and bool values exactly, shapes and
-dtypes exactly). A sample first runs with ``cpu_fallback=False``; only if nntile
-lacks an ATen op it needs does it run again through the CPU fallback. Native
-samples also run with dim 0 of every input split into two tiles.
+dtypes exactly). A sample first runs with ``cpu_fallback=False``, untiled and with
+dim 0 of every input split into two tiles: in the graph, each ATen op by a tiled
+kernel or as an untiled task (counted apart). Only where an op it needs cannot be in
+the graph does it run again through the host fallback, and the reason is recorded.
 
 Run as a script to write ``docs/ops.md`` from the whole database:
 ``python tests/opinfo_harness.py --doc docs/ops.md``.
@@ -26,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 import torch_nntile
 from torch_nntile import stats
 from torch_nntile.backend.aten import REGISTERED
+from torch_nntile.backend.table_batched import SPLITS
 from torch_nntile.graph import axes
 
 RTOL = 1e-5  # relative, per element
@@ -49,24 +51,29 @@ class Unsupported(Exception):
 
 @dataclasses.dataclass
 class Outcome:
-    """What one entry did: samples run natively / through the fallback / skipped,
-    the first failure, and the ATen ops that ran natively or fell back."""
+    """What one entry did: samples run natively (tiled kernels only) / in the graph
+    with untiled tasks / through the host fallback / skipped, the first failure, and
+    the ATen ops that ran natively, as untiled tasks or on the host (with the reason)."""
 
     name: str
     native: int = 0
+    untiled: int = 0
     fallback: int = 0
     skipped: int = 0
     errors: int = 0  # error inputs checked: nntile raises PyTorch's exception type
     failure: str | None = None
     native_ops: set[str] = dataclasses.field(default_factory=set)
-    fallback_ops: set[str] = dataclasses.field(default_factory=set)
+    untiled_ops: set[str] = dataclasses.field(default_factory=set)
+    fallback_ops: dict[str, str] = dataclasses.field(default_factory=dict)  # op -> why not in the graph
 
     @property
     def status(self) -> str:
         if self.failure:
             return "failing"
         if self.fallback:
-            return "fallback" if not self.native else "partly native"
+            return "host fallback" if not (self.native or self.untiled) else "partly host"
+        if self.untiled:
+            return "untiled" if not self.native else "partly untiled"
         return "native" if self.native else "skipped"
 
 
@@ -286,12 +293,16 @@ def run_entry(op: Any, tiled_too: bool = True, max_samples: int | None = None) -
             continue
         axes._TILINGS.clear()
         before_calls, before_fb = Counter(stats.OP_CALLS), Counter(stats.FALLBACK_CALLS)
+        before_untiled, before_batched = Counter(stats.UNTILED_CALLS), Counter(stats.BATCHED_CALLS)
         try:
             try:
                 run_sample(op, sample, fallback=False, tiled=False, grad=grad)
                 if tiled_too:
                     run_sample(op, sample, fallback=False, tiled=True, grad=grad)
-                out.native += 1
+                if stats.UNTILED_CALLS - before_untiled:
+                    out.untiled += 1
+                else:
+                    out.native += 1
             except Unsupported:
                 run_sample(op, sample, fallback=True, tiled=False, grad=grad)
                 out.fallback += 1
@@ -301,8 +312,10 @@ def run_entry(op: Any, tiled_too: bool = True, max_samples: int | None = None) -
         finally:
             axes._TILINGS.clear()
             torch_nntile.init_context(ncpu=2, cpu_fallback=False)
-        out.fallback_ops |= set(stats.FALLBACK_CALLS - before_fb)
+        out.fallback_ops |= {k: stats.FALLBACK_REASON.get(k, "") for k in stats.FALLBACK_CALLS - before_fb}
+        out.untiled_ops |= set(stats.UNTILED_CALLS - before_untiled)
         out.native_ops |= {k for k in stats.OP_CALLS - before_calls if k.removeprefix("aten::") in REGISTERED}
+        out.native_ops |= set(stats.BATCHED_CALLS - before_batched)
     for n, err in enumerate(_error_inputs(op)):
         try:
             run_error_input(op, err)
@@ -362,42 +375,57 @@ def _describe(sample: Any) -> str:
 # -- the table in docs/ops.md ---------------------------------------------------------
 
 
+_HOW = {"native": "tiled kernel", "untiled": "untiled task", "fallback": "host fallback"}
+
+
 def write_doc(path: str, outcomes: Iterable[Outcome]) -> None:
     outcomes = list(outcomes)
     ops: dict[str, dict[str, list[str]]] = {}
+    reasons: dict[str, str] = {}
     for o in outcomes:
-        for a in o.native_ops:
-            ops.setdefault(a, {}).setdefault("native", []).append(o.name)
-        for a in o.fallback_ops:
-            ops.setdefault(a, {}).setdefault("fallback", []).append(o.name)
+        for kind, names in (("native", o.native_ops), ("untiled", o.untiled_ops), ("fallback", o.fallback_ops)):
+            for a in names:
+                ops.setdefault(a, {}).setdefault(kind, []).append(o.name)
+        reasons |= o.fallback_ops
     counts = Counter(o.status for o in outcomes)
     lines = [
         "# ATen ops on nntile",
         "",
         "Generated by `python tests/opinfo_harness.py --doc docs/ops.md` from PyTorch's OpInfo database",
         f"(torch {torch.__version__}): every op_db entry that supports float32 on CPU, every sample.",
+        "An op runs with a *tiled kernel* (registered below), as one *untiled task* in the graph",
+        "(PyTorch's CPU kernel on whole values, where PyTorch has a Meta kernel for it), or on the",
+        "*host fallback* (`init_context(cpu_fallback=True)`), for the reason given.",
         "",
         f"Entries: {len(outcomes)}; " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ".",
         "",
-        "## ATen ops registered natively",
+        "## ATen ops that run only on the host",
         "",
-        "| ATen overload |",
-        "|---|",
+        "| ATen op | why it cannot be in the graph | op_db entries |",
+        "|---|---|---|",
     ]
+    for a in sorted(reasons):
+        ents = sorted(set(ops[a]["fallback"]))
+        lines.append(f"| `{a}` | {reasons[a]} | {', '.join(ents[:6])}{' ...' if len(ents) > 6 else ''} |")
+    lines += ["", "## ATen ops with tiled kernels", "", "| ATen overload |", "|---|"]
     lines += [f"| `aten::{n}` |" for n in sorted(REGISTERED)]
+    lines += ["", "## ATen ops run by PyTorch's CPU kernel per batch tile", "",
+              "Where the call has a batch (dim 0 of its input) to split; otherwise one untiled task.", "",
+              "| ATen op |", "|---|"]
+    lines += [f"| `{n}` |" for n in sorted(SPLITS)]
     lines += ["", "## ATen ops the samples reached", "",
               "| ATen op | how it ran | op_db entries |", "|---|---|---|"]
     for a in sorted(ops):
-        how = "native" if "fallback" not in ops[a] else ("CPU fallback" if "native" not in ops[a] else "native and CPU fallback")
-        ents = sorted(set(ops[a].get("native", []) + ops[a].get("fallback", [])))
+        how = " and ".join(_HOW[k] for k in _HOW if k in ops[a])
+        ents = sorted({e for v in ops[a].values() for e in v})
         lines.append(f"| `{a}` | {how} | {', '.join(ents[:6])}{' ...' if len(ents) > 6 else ''} |")
     lines += ["", "## op_db entries", "",
-              "| entry | status | samples native / fallback / skipped | error inputs raised alike | note |",
+              "| entry | status | samples tiled / untiled / host / skipped | error inputs raised alike | note |",
               "|---|---|---|---|---|"]
     for o in sorted(outcomes, key=lambda o: o.name):
         note = o.failure or XFAIL.get(o.name, "")
-        lines.append(f"| `{o.name}` | {o.status} | {o.native} / {o.fallback} / {o.skipped} | {o.errors} | "
-                     f"{note.replace('|', '/')} |")
+        lines.append(f"| `{o.name}` | {o.status} | {o.native} / {o.untiled} / {o.fallback} / {o.skipped} | "
+                     f"{o.errors} | {note.replace('|', '/')} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -422,7 +450,7 @@ if __name__ == "__main__":
         except BaseException as e:  # noqa: BLE001 - a harness error is this entry's failure
             r = Outcome(entry_id(op), failure=f"harness: {type(e).__name__}: {_first_line(e)}")
         results.append(r)
-        print(f"{r.name:40} {r.status:14} {r.native}/{r.fallback}/{r.skipped} {time.perf_counter() - t0:6.1f}s "
+        print(f"{r.name:40} {r.status:14} {r.native}/{r.untiled}/{r.fallback}/{r.skipped} {time.perf_counter() - t0:6.1f}s "
               f"{r.failure or ''}", flush=True)
     if a.doc:
         write_doc(a.doc, results)

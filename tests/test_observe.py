@@ -295,7 +295,31 @@ def test_cpu_fallback_counted_with_first_source(monkeypatch):
     report = torch_nntile.metrics_report()
     fallback_rows = report.split("ran on the CPU fallback")[1].splitlines()
     row = next(ln for ln in fallback_rows if ln.split() and ln.split()[0] == "aten::_logcumsumexp")
-    assert row.split()[1] == "2" and row.split()[2] == f"{path}:{line}"
+    assert row.split()[1] == "2" and row.split()[2] == f"{path}:{line};"
+    assert fb["aten::_logcumsumexp"]["reason"] == "PyTorch gives it no Meta kernel"
+    assert row.endswith("; PyTorch gives it no Meta kernel")
+
+
+def test_untiled_ops_listed_with_first_source_and_bytes():
+    """An op with no tiled kernel but a Meta kernel runs as an untiled task, listed
+    with its calls, the bytes it read whole and its first call's line."""
+    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=False)
+    torch_nntile.reset_info()
+    x = torch.randn(6, 5)
+    xn = x.to("nntile")
+    line = _line_of_next_statement()
+    a = torch.special.bessel_j0(xn)
+    b = torch.special.bessel_j0(a[:3])
+    assert_close(b.cpu(), torch.special.bessel_j0(torch.special.bessel_j0(x)[:3]))
+    m = torch_nntile.metrics()
+    assert m["fallbacks"] == {}
+    u = m["untiled"]["aten::special_bessel_j0.out"]
+    assert u["count"] == 2 and u["bytes_gathered"] == (30 + 15) * 4
+    path, _, lineno = u["first_source"].rpartition(":")
+    assert os.path.samefile(path, __file__) and int(lineno) == line
+    rows = torch_nntile.metrics_report().split("ran as untiled tasks")[1].splitlines()
+    row = next(ln for ln in rows if ln.split() and ln.split()[0] == "aten::special_bessel_j0.out")
+    assert row.split()[1:] == ["2", "180", "B", f"{path}:{line}"]
 
 
 def test_debug_env_warns_once_per_op(monkeypatch):
@@ -308,18 +332,22 @@ def test_debug_env_warns_once_per_op(monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         line = _line_of_next_statement()
-        s = torch.special.bessel_j0(xn)
-        s = torch.special.bessel_j0(s)
-        c = torch.special.bessel_j1(s)
-        c = torch.special.bessel_j1(c)
+        s = torch.logcumsumexp(xn, 0)
+        s = torch.logcumsumexp(s, 0)
+        c = torch.special.bessel_j1(s)  # an untiled task: no warning
+        c = torch.bincount((c > 0).int())
+        c = torch.bincount(c)
     ours = [w for w in caught if "torch_nntile" in str(w.message)]
     assert [w.category for w in ours] == [RuntimeWarning, RuntimeWarning]
     msgs = [str(w.message) for w in ours]
-    assert "aten::special_bessel_j0" in msgs[0] and f"test_observe.py:{line}" in msgs[0]
-    assert "aten::special_bessel_j1" in msgs[1] and f"test_observe.py:{line + 2}" in msgs[1]
+    assert "aten::_logcumsumexp" in msgs[0] and f"test_observe.py:{line}" in msgs[0]
+    assert "PyTorch gives it no Meta kernel" in msgs[0]
+    assert "aten::bincount" in msgs[1] and f"test_observe.py:{line + 3}" in msgs[1]
+    assert "the shape of its results depends on the values" in msgs[1]
     assert os.path.samefile(ours[0].filename, __file__) and ours[0].lineno == line
-    assert torch_nntile.fallback_counts() == {"aten::special_bessel_j0": 2, "aten::special_bessel_j1": 2}
-    assert_close(c.cpu(), torch.special.bessel_j1(torch.special.bessel_j1(torch.special.bessel_j0(torch.special.bessel_j0(x)))))
+    assert torch_nntile.fallback_counts() == {"aten::_logcumsumexp": 2, "aten::bincount": 2}
+    want = torch.special.bessel_j1(torch.logcumsumexp(torch.logcumsumexp(x, 0), 0))
+    assert_close(c.cpu(), torch.bincount(torch.bincount((want > 0).int())))
 
 
 # -- pending graph and dumps -----------------------------------------------------

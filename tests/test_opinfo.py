@@ -1,9 +1,10 @@
 """PyTorch's OpInfo database as the conformance yardstick (see opinfo_harness.py).
 
 The default suite runs every entry whose ATen op nntile registers (its samples must
-all run natively, untiled and with dim 0 in two tiles) and a few entries that exercise
-the shared mechanisms (views, out= resizing, wrapped numbers, the CPU fallback).
-``-m slow`` runs every other float32 entry of the database.
+all run with tiled kernels only, untiled and with dim 0 in two tiles) and a few
+entries that exercise the shared mechanisms (views, out= resizing, wrapped numbers,
+untiled tasks, the host fallback). ``-m slow`` runs every other float32 entry of the
+database.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ MECHANISMS = [
     "nn.functional.linear", "matmul", "t", "permute", "reshape", "squeeze", "unsqueeze", "broadcast_to", "expand",
     "diagonal_scatter", "select_scatter", "slice_scatter", "sum_to_size", "addr", "nn.functional.mse_loss",
     "nn.functional.cross_entropy", "nn.functional.layer_norm", "nn.functional.softmin",
-    # the CPU fallback: out= resizing, wrapped numbers, convolution hooks, mutated arguments
+    # untiled tasks: out= resizing, wrapped numbers, convolution hooks, mutated arguments
     "cumsum", "copysign", "nn.functional.conv2d", "index_select", "linalg.vector_norm", "nn.functional.gelu",
-    "cat", "tril",
+    "cat", "tril", "topk", "nn.functional.max_pool2d",
+    # the host fallback: no Meta kernel, a result's shape from values
+    "logcumsumexp", "cummax",
 ]
 FAST = sorted({n for n, op in ENTRIES.items() if claims_native(op)} | {n for n in MECHANISMS if n in ENTRIES})
 
@@ -32,8 +35,9 @@ def _check(name: str) -> None:
     out = run_entry(op)
     assert out.failure is None, out.failure
     if claims_native(op):
-        assert out.fallback == 0, f"{out.fallback} samples ran on the CPU fallback: {sorted(out.fallback_ops)}"
-    assert out.native + out.fallback + out.skipped > 0
+        assert out.fallback == 0, f"{out.fallback} samples ran on the host fallback: {out.fallback_ops}"
+        assert out.untiled == 0, f"{out.untiled} samples ran untiled tasks: {sorted(out.untiled_ops)}"
+    assert out.native + out.untiled + out.fallback + out.skipped > 0
 
 
 @pytest.mark.parametrize("name", FAST)

@@ -267,7 +267,7 @@ def test_foreach_counts_the_element_ops():
 
 
 def test_foreach_element_declined_runs_on_fallback(monkeypatch):
-    """An element whose form declines (NotNative) runs on the CPU fallback, the others natively."""
+    """An element whose form declines (NotNative) runs as an untiled task, the others natively."""
     from torch_nntile.backend import table_elementwise
     from torch_nntile.ops.base import NotNative
 
@@ -279,7 +279,6 @@ def test_foreach_element_declined_runs_on_fallback(monkeypatch):
         return ew(name, fn, args, dtype, **kw)
 
     monkeypatch.setattr(table_elementwise, "ew", picky)
-    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=True)
     (cs, _, _), (ns, _, _) = _lists(3)
     torch_nntile.reset_info()
     torch._foreach_mul_(ns, 3.0)
@@ -290,12 +289,17 @@ def test_foreach_element_declined_runs_on_fallback(monkeypatch):
         for g, w in zip(lst, ref):
             assert g.device.type == "nntile"
             assert_close(g.cpu(), w)
-    assert torch_nntile.fallback_counts() == {"aten::mul_": 1, "aten::mul": 1}
+    assert torch_nntile.fallback_counts() == {}
+    assert {k: v["count"] for k, v in torch_nntile.metrics()["untiled"].items()} == {"aten::mul_.Scalar": 1,
+                                                                                    "aten::mul.Scalar": 1}
     ops = torch_nntile.metrics()["ops"]
-    assert ops["aten::mul_.Scalar"] == 3 and ops["aten::mul.Scalar"] == 3  # 2 native + 1 on the fallback each
-    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=False)
-    with pytest.raises(NotImplementedError, match=r"aten::mul_.Scalar is not supported .*1-D operand \(test\)"):
-        torch._foreach_mul_(ns, 3.0)
+    assert ops["aten::mul_.Scalar"] == 3 and ops["aten::mul.Scalar"] == 3  # 2 native + 1 untiled each
+    torch_nntile.init_context(ncpu=2, ncuda=0, tiled_only=True)
+    try:
+        with pytest.raises(NotImplementedError, match=r"aten::mul_.Scalar has no tiled kernel .*1-D operand \(test\)"):
+            torch._foreach_mul_(ns, 3.0)
+    finally:
+        torch_nntile.init_context(ncpu=2, ncuda=0)
 
 
 def test_adamw_foreach_mixed_params_match_cpu():

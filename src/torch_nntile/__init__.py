@@ -72,18 +72,23 @@ torch.__future__.set_swap_module_params_on_conversion(True)
 
 def init_context(ncpu: int | None = None, ncuda: int = 0, cpu_fallback: bool = False, scheduler: str | None = None,
                  memory_limit: int | None = None, swap_dir: str | os.PathLike | None = None,
-                 swap_size: int | None = None) -> None:
+                 swap_size: int | None = None, tiled_only: bool = False) -> None:
     """Start StarPU with ``ncpu`` CPU workers: by default one per core this process may
     run on (the first op starts a context with the defaults by itself). More workers
-    than cores is allowed. ``cpu_fallback`` runs ATen ops that nntile lacks on the CPU
-    (counted) instead of raising; ``scheduler`` names a StarPU scheduler (default ``lws``).
+    than cores is allowed. ``scheduler`` names a StarPU scheduler (default ``lws``).
+
+    An ATen op with no tiled kernel runs in the graph as one untiled task where PyTorch
+    has a Meta kernel for it (listed by ``metrics_report()``). ``cpu_fallback`` runs
+    the rest (no Meta kernel, results whose shape depends on values, random draws) on
+    the CPU, counted, instead of raising. ``tiled_only`` raises at the first op with
+    no tiled kernel, naming it, whatever ``cpu_fallback`` says.
 
     Out of core: with ``memory_limit`` (bytes), tiles take at most that much RAM and
     StarPU evicts the rest to files in ``swap_dir`` (an existing, writable folder), at
     most ``swap_size`` bytes of them (default: half the folder's free space), loading
     each back before a task reads it. One task's tiles must fit in a worker's share of
     the limit (``memory_limit / ncpu``); see the out-of-core guide."""
-    _S.init(ncpu, ncuda, cpu_fallback, scheduler, OutOfCore.make(memory_limit, swap_dir, swap_size))
+    _S.init(ncpu, ncuda, cpu_fallback, scheduler, OutOfCore.make(memory_limit, swap_dir, swap_size), tiled_only)
 
 
 def shutdown_context() -> None:

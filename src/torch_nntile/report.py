@@ -154,10 +154,13 @@ def reset_info() -> None:
 
 
 def metrics() -> dict[str, Any]:
-    """Recorded calls per ATen op, CPU fallbacks (count, first user source line),
-    per tile kernel the task count and total kernel seconds (all workers), and per
-    op and axis group how many values were copied into another tiling because the op
-    could not use theirs (``retiles``: op -> group -> count)."""
+    """Recorded calls per ATen op; ops run by PyTorch's CPU kernel per batch tile
+    (``batched``: calls); ops that ran as untiled tasks in the graph (``untiled``:
+    count, first user source line, bytes of the inputs they read whole); CPU fallbacks
+    (count, first user source line, why the op could not be an untiled task); per tile
+    kernel the task count and total kernel seconds (all workers); and per op and axis
+    group how many values were copied into another tiling because the op could not use
+    theirs (``retiles``: op -> group -> count)."""
     stats.collect()
     kernels: dict[str, dict[str, float]] = {}
     for per_worker in stats.KERNELS:
@@ -167,7 +170,12 @@ def metrics() -> dict[str, Any]:
             k["seconds"] += sec
     return {
         "ops": dict(stats.OP_CALLS),
-        "fallbacks": {op: {"count": n, "first_source": stats.FALLBACK_SOURCE.get(op, "<unknown>")}
+        "batched": dict(stats.BATCHED_CALLS),
+        "untiled": {op: {"count": n, "first_source": stats.UNTILED_SOURCE.get(op, "<unknown>"),
+                         "bytes_gathered": stats.UNTILED_BYTES[op]}
+                    for op, n in stats.UNTILED_CALLS.items()},
+        "fallbacks": {op: {"count": n, "first_source": stats.FALLBACK_SOURCE.get(op, "<unknown>"),
+                           "reason": stats.FALLBACK_REASON.get(op, "")}
                       for op, n in stats.FALLBACK_CALLS.items()},
         "kernels": kernels,
         "retiles": _retiles(),
@@ -184,23 +192,36 @@ def _retiles() -> dict[str, dict[str, int]]:
 
 def metrics_report() -> str:
     """``metrics()`` as readable tables: recorded calls per ATen op (most frequent
-    first), the ops that ran on the CPU fallback with the source line of their first
-    call, re-tilings per op and axis group, and per tile kernel its tasks, total
-    seconds, microseconds per task and share of all kernel time.
+    first), the ops run by PyTorch's CPU kernel per batch tile, the ops that ran as
+    untiled tasks (calls, bytes read whole, first call's source line), the ops that
+    ran on the CPU fallback (calls, first call's source line, why), re-tilings per op
+    and axis group, and per tile kernel its tasks, total seconds, microseconds per
+    task and share of all kernel time.
 
-    Use it to find which kernels dominate a step, which ops fell back to the CPU, and
-    which axis groups an op had to re-tile (a hint to tile them alike).
+    Use it to find which kernels dominate a step, which ops have no tiled kernel or
+    fell back to the CPU, and which axis groups an op had to re-tile (a hint to tile
+    them alike).
     """
     m = metrics()
     lines = _dry_banner(m["dry_run"], "kernel times are not real")
     lines.append(f"{'ATen op':<44} {'calls':>8}")
     for op, n in sorted(m["ops"].items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"{op:<44} {n:>8}")
+    if m["batched"]:
+        lines.append("")
+        lines.append(f"{'ran per batch tile (CPU kernel of PyTorch)':<44} {'calls':>8}")
+        for op, n in sorted(m["batched"].items()):
+            lines.append(f"{op:<44} {n:>8}")
+    if m["untiled"]:
+        lines.append("")
+        lines.append(f"{'ran as untiled tasks':<44} {'calls':>8} {'read whole':>10}  first called from")
+        for op, v in sorted(m["untiled"].items()):
+            lines.append(f"{op:<44} {v['count']:>8} {_mb(v['bytes_gathered']):>10}  {v['first_source']}")
     if m["fallbacks"]:
         lines.append("")
-        lines.append(f"{'ran on the CPU fallback':<44} {'calls':>8}  first called from")
+        lines.append(f"{'ran on the CPU fallback':<44} {'calls':>8}  first called from; why")
         for op, v in sorted(m["fallbacks"].items()):
-            lines.append(f"{op:<44} {v['count']:>8}  {v['first_source']}")
+            lines.append(f"{op:<44} {v['count']:>8}  {v['first_source']}; {v['reason']}")
     if m["retiles"]:
         lines.append("")
         lines.append(f"{'re-tiled for an op':<24} {'along axis group':<28} {'times':>8}")

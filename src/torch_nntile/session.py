@@ -77,6 +77,7 @@ class Session:
     def __init__(self) -> None:
         self.rt: Runtime | None = None
         self.cpu_fallback = False
+        self.tiled_only = False  # ops with no tiled kernel raise (see backend/fallback.py)
         self.shut_down = False
         self.compiled: Lowering | None = None
         self.lock = threading.RLock()
@@ -91,7 +92,7 @@ class Session:
         self.thread_flush_ops = THREAD_FLUSH_OPS
 
     def init(self, ncpu: int | None, ncuda: int, cpu_fallback: bool, scheduler: str | None,
-             ooc: OutOfCore | None = None) -> None:
+             ooc: OutOfCore | None = None, tiled_only: bool = False) -> None:
         if ncuda:
             raise ValueError(f"ncuda={ncuda}: this StarPU build has no CUDA workers; use ncuda=0")
         if ncpu is None:
@@ -104,12 +105,12 @@ class Session:
                     f"scheduler={self.config[1]!r}, out of core {self.config[2]}; call shutdown_context() first to "
                     f"start one with ncpu={ncpu}, scheduler={scheduler!r}, out of core {ooc}"
                 )
-            self.cpu_fallback = cpu_fallback
+            self.cpu_fallback, self.tiled_only = cpu_fallback, tiled_only
             return
         self.rt = Runtime(ncpu, scheduler, ooc)
         self.steps = StepCache()
         self.config = config
-        self.cpu_fallback = cpu_fallback
+        self.cpu_fallback, self.tiled_only = cpu_fallback, tiled_only
         self.shut_down = False
 
     def runtime(self) -> Runtime:
@@ -117,7 +118,7 @@ class Session:
         if rt is None or not rt.alive:
             if self.shut_down:
                 raise RuntimeError("torch_nntile: the context has been shut down; nntile tensors can no longer be used")
-            self.init(None, 0, self.cpu_fallback, None)
+            self.init(None, 0, self.cpu_fallback, None, tiled_only=self.tiled_only)
             rt = self.rt
         return rt  # type: ignore[return-value]
 

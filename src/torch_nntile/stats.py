@@ -33,7 +33,11 @@ _ident = threading.get_ident
 OP_CALLS: Counter[str] = Counter()  # ATen overload -> recorded calls
 FALLBACK_CALLS: Counter[str] = Counter()  # ATen op -> calls run on the CPU fallback
 UNTILED_CALLS: Counter[str] = Counter()  # ATen overload -> calls recorded as one untiled task (backend/untiled.py)
+BATCHED_CALLS: Counter[str] = Counter()  # ATen overload -> calls recorded per batch tile (ops/batched.py)
+UNTILED_BYTES: Counter[str] = Counter()  # ATen overload -> bytes of the inputs its untiled tasks read whole
+UNTILED_SOURCE: dict[str, str] = {}  # ATen overload -> first user source line that recorded it untiled
 FALLBACK_SOURCE: dict[str, str] = {}  # ATen op -> first user source line that triggered it
+FALLBACK_REASON: dict[str, str] = {}  # ATen op -> why its last call could not be an untiled task
 RETILES: Counter[tuple[str, str]] = Counter()  # (op, axis group) -> values re-tiled along it for (or after) the op
 
 COUNTS: Counter[str] = Counter()  # tasks_submitted, tasks_skipped, bytes_in, bytes_out, tiles_live
@@ -101,6 +105,14 @@ def _internal(filename: str) -> bool:
     return _inside(filename, "torch") or _inside(filename, "torch_nntile") or filename.startswith("<frozen")
 
 
+def count_untiled(name: str, nbytes: int) -> None:
+    """One call of ``name`` recorded as an untiled task reading ``nbytes`` whole."""
+    UNTILED_CALLS[name] += 1
+    UNTILED_BYTES[name] += nbytes
+    if name not in UNTILED_SOURCE:
+        UNTILED_SOURCE[name] = user_frame()
+
+
 def user_frame() -> str:
     """``file:line`` of the innermost caller outside torch and torch_nntile."""
     f = sys._getframe(1)
@@ -135,7 +147,11 @@ def reset() -> None:
     OP_CALLS.clear()
     FALLBACK_CALLS.clear()
     UNTILED_CALLS.clear()
+    BATCHED_CALLS.clear()
+    UNTILED_BYTES.clear()
+    UNTILED_SOURCE.clear()
     FALLBACK_SOURCE.clear()
+    FALLBACK_REASON.clear()
     RETILES.clear()
     live = COUNTS["tiles_live"]
     COUNTS.clear()

@@ -13,6 +13,7 @@ from torch_nntile.backend import (  # noqa: F401, I001
     table_index,
     table_foreach,  # noqa: F401, I001
     table_linalg,
+    table_norms,
     table_nn,  # our own ops (torch_nntile::), for torch_nntile.nn and training
     table_attention,
     table_optim,

@@ -1,13 +1,17 @@
-"""The one place where ATen ops without an nntile implementation are handled.
+"""The one place where ATen ops without a tiled nntile kernel are handled.
 
-With ``cpu_fallback=True`` the op runs on the CPU: inputs are gathered (which
-flushes the graph), outputs and mutated arguments are moved back, and the call
-is counted per op name. Otherwise a ``NotImplementedError`` (a ``RuntimeError``, as
-PyTorch raises for an op a backend lacks) names the op.
+Where PyTorch has a Meta kernel for the op, it is recorded into the graph as one
+untiled task (backend/untiled.py). The rest (no Meta kernel, results whose shape
+depends on values, random draws) run on the host with ``cpu_fallback=True``: inputs
+are gathered (which flushes the graph), outputs and mutated arguments are moved back,
+and the call is counted per op name with the reason. Otherwise a
+``NotImplementedError`` (a ``RuntimeError``, as PyTorch raises for an op a backend
+lacks) names the op and the reason. ``tiled_only=True`` raises for both.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -22,7 +26,9 @@ from torch_nntile.session import SESSION_STATE
 
 _LIB = torch.library.Library("_", "IMPL")
 _WARNED: set[str] = set()  # ops already warned about under TORCH_NNTILE_DEBUG
-_UNTILED = stats.env_flag("TORCH_NNTILE_UNTILED")  # ops with a Meta kernel run as untiled tasks in the graph
+# Debugging: "0" sends what would be an untiled task to the host fallback instead.
+_UNTILED = os.environ.get("TORCH_NNTILE_UNTILED", "1") != "0"
+_OFF = untiled.HostOnly("untiled tasks are off (TORCH_NNTILE_UNTILED=0)")
 
 
 def op_name(op: Any) -> str:
@@ -35,35 +41,46 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def run_fallback(op: Any, args: tuple, kwargs: dict, case: str | None = None) -> Any:
-    """Run ``op`` on the CPU, or raise naming it (and the ``case`` nntile lacks)."""
+    """Run ``op`` as an untiled task, or on the CPU, or raise naming it (and the
+    ``case`` nntile's tiled kernel lacks)."""
     name = op_name(op)
-    if SESSION_STATE.shut_down:
+    state = SESSION_STATE
+    if state.shut_down:
         raise RuntimeError("torch_nntile: the context has been shut down; nntile tensors can no longer be used")
+    host = _OFF
     if _UNTILED:
         t0 = stats.enter()
         try:
-            out = untiled.record(op, args, kwargs, name, _CPU_FORM.get(name))
+            out = untiled.record(op, args, kwargs, name, _CPU_FORM.get(name), state.tiled_only)
         finally:
             stats.leave("record", t0)
-        if out is not untiled.NOT_RECORDED:
+        if type(out) is not untiled.HostOnly:
             stats.OP_CALLS[name] += 1
-            if len(SESSION.pending) >= SESSION_STATE.flush_ops:
-                SESSION_STATE.flush_early()
+            if len(SESSION.pending) >= state.flush_ops:
+                state.flush_early()
             return out
-    if not SESSION_STATE.cpu_fallback:
+        host = out
+    if state.tiled_only:
         raise NotImplementedError(
-            f"torch_nntile: {name} is not supported on the nntile device{f' ({case})' if case else ''} "
-            "(init_context(cpu_fallback=True) runs unsupported ops on the CPU)"
+            f"torch_nntile: {name} has no tiled kernel on the nntile device{f' ({case})' if case else ''} "
+            "and init_context(tiled_only=True) asks for tiled kernels only")
+    if not state.cpu_fallback:
+        if host.error is not None:
+            raise host.error
+        raise NotImplementedError(
+            f"torch_nntile: {name} is not supported on the nntile device{f' ({case})' if case else ''}: "
+            f"{host.reason} (init_context(cpu_fallback=True) runs it on the CPU)"
         )
     base = name.split(".")[0]
     stats.OP_CALLS[name] += 1
     stats.FALLBACK_CALLS[base] += 1
     if base not in stats.FALLBACK_SOURCE:
         stats.FALLBACK_SOURCE[base] = stats.user_frame()
+    stats.FALLBACK_REASON[base] = host.reason
     if base not in _WARNED and stats.env_flag("TORCH_NNTILE_DEBUG"):
         _WARNED.add(base)
         stats.warn_user(f"torch_nntile: {base} is not implemented on nntile and runs on the CPU "
-                        f"(called from {stats.user_frame()})")
+                        f"({host.reason}; called from {stats.user_frame()})")
     t0 = stats.enter()
     try:
         return _run_on_cpu(op, args, kwargs)
@@ -79,12 +96,41 @@ def _conv_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch
                                                transposed, output_padding, groups, output_mask)
 
 
+def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """``histc`` as CUDA computes it, which takes integer inputs (CPU's kernel does not):
+    bounds cast to the input's type, each value's bin ``(v - min) * bins // (max - min)``
+    in integer arithmetic, the maximum in the last bin; the counts in the input's type."""
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        return torch.ops.aten.histc.default(x, bins, min, max)
+    if bins <= 0:
+        raise RuntimeError("torch.histc: bins must be > 0")
+    if x.device.type == "meta":
+        return x.new_empty(bins)
+    v = x.reshape(-1).long()
+    lo, hi = int(min), int(max)
+    if lo == hi and v.numel():
+        lo, hi = int(v.min()), int(v.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    if lo > hi:
+        raise RuntimeError("torch.histc: max must be larger than min")
+    v = v[(v >= lo) & (v <= hi)]
+    at = ((v - lo) * bins).div((hi - lo), rounding_mode="floor").clamp_(max=bins - 1)
+    return torch.bincount(at, minlength=bins).to(x.dtype)
+
+
 # The hooks PyTorch calls for a backend's own convolutions have no CPU kernel: the
-# CPU runs the generic ops they stand for.
+# CPU runs the generic ops they stand for. An accelerator computes as CUDA does where
+# CUDA and CPU differ: histc of integers.
 _CPU_FORM: dict[str, Any] = {
     "aten::convolution_overrideable": torch.ops.aten.convolution.default,
     "aten::convolution_backward_overrideable": _conv_backward,
+    "aten::histc": _histc,
 }
+
+
+# Arguments CPU kernels update in place that their schema does not mark as written.
+_UNMARKED_WRITES = {"aten::native_batch_norm": ("running_mean", "running_var")}
 
 
 def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
@@ -106,8 +152,9 @@ def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
         cpu_kwargs["device"] = torch.device("cpu")  # a factory: made on the CPU, then moved in
     result = _CPU_FORM.get(op_name(op), op)(*cpu_args, **cpu_kwargs)
     flat = list(cpu_args) + list(cpu_kwargs.values())
+    unmarked = _UNMARKED_WRITES.get(op_name(op), ())
     for arg, value in zip(op._schema.arguments, flat if not cpu_kwargs else _by_schema(op, cpu_args, cpu_kwargs)):
-        if arg.alias_info is None or not arg.alias_info.is_write:
+        if (arg.alias_info is None or not arg.alias_info.is_write) and arg.name not in unmarked:
             continue
         for v in value if isinstance(value, (list, tuple)) else [value]:  # Tensor(a!) or Tensor(a!)[]
             orig = originals.get(id(v)) if isinstance(v, torch.Tensor) else None

@@ -297,7 +297,8 @@ def _random_inplace(name: str) -> None:
     register(name, f)
 
 
-for _name in ("normal_", "uniform_", "bernoulli_.float", "random_", "random_.from", "random_.to", "exponential_"):
+for _name in ("normal_", "uniform_", "bernoulli_.float", "random_", "random_.from", "random_.to", "exponential_",
+              "cauchy_", "geometric_", "log_normal_"):
     _random_inplace(_name)
 
 
@@ -357,3 +358,25 @@ def _resize_(self: torch.Tensor, size: Any, memory_format: Any = None) -> torch.
 
 register("as_strided_", _as_strided_)
 register("resize_", _resize_)
+register("unfold", _meta_view(aten.unfold.default))  # a view: windows over the same storage
+
+
+def _unfold_backward(grad: torch.Tensor, input_sizes: Any, dim: int, size: int, step: int) -> torch.Tensor:
+    """The gradient of ``unfold``: each window's values added where they came from. Window
+    position ``k`` of every window is a strided slice of the input (no two windows share
+    one), so ``size`` strided in-place additions do it, whatever the overlap."""
+    check_live()
+    out = grad.new_zeros(list(input_sizes))
+    if not input_sizes:  # a 0-dim input: one window of one value
+        return out.add_(grad.reshape(()))
+    dim = wrap_dim(dim, len(input_sizes))
+    windows = grad.shape[dim]
+    if windows == 0:
+        return out
+    lead = (slice(None),) * dim
+    for k in range(size):
+        out[lead + (slice(k, k + (windows - 1) * step + 1, step),)].add_(grad.select(-1, k))
+    return out
+
+
+register("unfold_backward", _unfold_backward)

@@ -1,16 +1,19 @@
-"""ATen ops with no tiled lowering, run inside the graph as one untiled task each.
+"""ATen ops with no tiled lowering, run inside the graph.
 
 PyTorch's Meta kernel of the op gives the shapes and dtypes of its results without
-data. The call is then recorded like any other op (``ops.base.whole_op``): its inputs
-are gathered into single tiles (counted as re-tiles), one StarPU task runs the op's
-CPU kernel on them and writes its results, which are re-tiled as planned. Nothing is
+data (``meta_calls``: once per signature). The call is then recorded like any other
+op: where ``table_batched`` has a row for it and the call has a batch to split, one
+task per batch tile runs the op's CPU kernel on its slice (``ops.batched``);
+otherwise its inputs are gathered into single tiles (counted as re-tiles), one StarPU
+task runs the op's CPU kernel on them and writes its results, which are re-tiled as
+planned (``ops.base.whole_op``, counted in ``stats.UNTILED_CALLS``). Nothing is
 flushed or waited for, and a kernel's exception belongs to the values it writes.
 Arguments the schema marks as written (in-place ops, ``out=``) get the new values.
 
 Where that cannot be (no Meta kernel, results whose shape depends on values, results
 that are not tensors, random ops whose draws must happen in program order, CPU
-tensors of one or more dims among the arguments) ``record`` returns ``NOT_RECORDED``
-and the host fallback takes the call (backend/fallback.py).
+tensors of one or more dims among the arguments) ``record`` returns a ``HostOnly``
+saying why, and the host fallback takes the call (backend/fallback.py).
 """
 
 from __future__ import annotations
@@ -22,35 +25,44 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from torch_nntile import stats
 from torch_nntile.backend.device import NNTILE, new_tensor, read, resize_output, write
-from torch_nntile.kernels import CpuScalar, Kernel
+from torch_nntile.backend.meta_calls import meta_call
+from torch_nntile.backend.table_batched import Split, by_name, split_of
+from torch_nntile.kernels import CpuScalar, Kernel, Slot
 from torch_nntile.ops.base import whole_op
+from torch_nntile.ops.batched import BATCH, batched_op
 
-NOT_RECORDED = object()
 _META = torch.device("meta")
+TILE_OUT = "tile"  # see run_untiled
 
 
-class _In:
-    """Where input tile ``i`` goes among the op's arguments."""
+class HostOnly:
+    """Why a call cannot be an untiled task; ``error``: what the op's Meta kernel raised
+    for these arguments (the error CPU gives, where the kernel checks as CPU's does)."""
 
-    __slots__ = ("i",)
+    __slots__ = ("reason", "error")
 
-    def __init__(self, i: int) -> None:
-        self.i = i
+    def __init__(self, reason: str, error: Exception | None = None) -> None:
+        self.reason = reason
+        self.error = error
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _In and other.i == self.i
 
-    def __hash__(self) -> int:
-        return hash(("in", self.i))
-
-    def __repr__(self) -> str:
-        return f"_In({self.i})"
+_RANDOM = HostOnly("random: its draws follow the program's order on the CPU generator")
+_NOT_TENSORS = HostOnly("it returns other than tensors")
+_VALUE_SHAPE = HostOnly("the shape of its results depends on the values")
+_DIFFERS = HostOnly("PyTorch's Meta kernel gives other shapes than its CPU kernel")
+_SPARSE = HostOnly("sparse tensors among its arguments: their ops run on the host")
+_CPU_ARGS = HostOnly("a CPU tensor of one or more dims among its arguments")
+_FACTORY = HostOnly("no nntile tensor among its arguments")
+_WRITES_OTHER = HostOnly("it writes an argument that is not an nntile tensor")
+_NO_META = HostOnly("PyTorch gives it no Meta kernel")
+_UNMARKED = HostOnly("it updates arguments its schema does not mark as written (running statistics)")
+_NO_TILED = HostOnly("no tiled kernel")
 
 
 def _thawed(v: Any, tiles: tuple[torch.Tensor, ...]) -> Any:
     """A kernel parameter as the op's argument (ATen takes lists where params hold tuples)."""
     t = type(v)
-    if t is _In:
+    if t is Slot:
         return tiles[v.i]
     if t is CpuScalar:
         return v.tensor()
@@ -60,58 +72,80 @@ def _thawed(v: Any, tiles: tuple[torch.Tensor, ...]) -> Any:
 
 
 def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...], fresh: tuple[int, ...],
-                written: tuple[int, ...], *tiles: torch.Tensor) -> None:
+                written: tuple[int | torch.dtype | str, ...], *tiles: torch.Tensor) -> None:
     """The task: ``op`` on the input tiles. The result's leaves at positions ``fresh``
     (in ``tree_flatten`` order) are copied into the first output tiles. Each argument
-    the op writes (input tile ``written[k]``) is given as a CPU copy of its input (an
-    in-place op reads it; an ``out=`` kernel may resize it, or use it as scratch in
-    another shape first, which a tile cannot be), then copied into output tile
-    ``len(fresh) + k``."""
+    the op writes, ``written[k]``, is given as a CPU tensor whose values end in output
+    tile ``len(fresh) + k``: a copy of input tile ``written[k]`` (an in-place op reads
+    it), or, for an ``out=`` argument nothing else reads, an empty tensor of that dtype
+    (an ``out=`` kernel may resize it, or use it as scratch in another shape first,
+    which a tile cannot be), or, where ``written[k]`` is ``TILE_OUT`` (ops known to
+    write their ``out=`` only once, in its shape), the output tile itself (arguments
+    ``Slot(j)`` with ``j < 0`` count from the end of the inputs, where these are put)."""
     nfresh = len(fresh)
     outs, ins = tiles[:nfresh + len(written)], list(tiles[nfresh + len(written):])
     scratch = []
-    for i in written:
-        ins[i] = ins[i].clone()
-        scratch.append(ins[i])
+    for k, w in enumerate(written):
+        if type(w) is int:
+            ins[w] = t = ins[w].clone()
+        else:
+            t = outs[nfresh + k] if w is TILE_OUT else torch.empty(0, dtype=w)
+            ins.append(t)
+        scratch.append(t)
     got = tuple(ins)
     res = op(*[_thawed(a, got) for a in args], **{k: _thawed(v, got) for k, v in kw})
     leaves = tree_flatten(res)[0]
     for o, at in zip(outs, fresh):
         o.copy_(leaves[at])
     for o, x in zip(outs[nfresh:], scratch):
-        o.copy_(x)
+        if o is not x:
+            o.copy_(x)
 
 
-# Ops whose Meta kernel gives other shapes than their CPU kernel (batch norm's saved
-# statistics in eval mode, embedding_bag's bookkeeping outputs): they stay on the host.
-_META_DIFFERS = {"aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit.no_stats",
-                 "aten::_native_batch_norm_legit_functional", "aten::_embedding_bag",
-                 "aten::_embedding_bag_forward_only"}
+# Ops whose Meta kernel gives other shapes than their CPU kernel (embedding_bag's
+# bookkeeping outputs): they stay on the host.
+_META_DIFFERS = {"aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
+# Batch norm without batch statistics (eval mode: the flag named here is False, or
+# always where None): CPU's saved mean and inverse deviation are empty, Meta's are not.
+_EVAL_EMPTY = {"aten::native_batch_norm": "training", "aten::_native_batch_norm_legit": "training",
+               "aten::_native_batch_norm_legit_functional": "training",
+               "aten::_native_batch_norm_legit_no_training": None}
 
 
-def _skip(op: Any) -> bool:
-    """Ops that stay with the host: random ones (their draws must follow the program's
-    order on the CPU generator) and those returning other than tensors."""
-    if torch.Tag.nondeterministic_seeded in op.tags:
-        return True
+def _host_only(op: Any, name: str) -> HostOnly | None:
+    """Why ``op`` stays with the host whatever its arguments, or None."""
     schema = op._schema
-    if any(str(a.type).startswith("Generator") for a in schema.arguments):
-        return True
-    return not schema.returns or any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns)
+    if not schema.returns and not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return _NOT_TENSORS  # nothing to show for it
+    if any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns):
+        return _NOT_TENSORS
+    tags = op.tags
+    if torch.Tag.nondeterministic_seeded in tags or any(str(a.type).startswith("Generator") for a in schema.arguments):
+        return _RANDOM
+    if torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags:
+        return _VALUE_SHAPE
+    if name in _META_DIFFERS:
+        return _DIFFERS
+    return None
 
 
-def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, run: Any = None) -> Any:
-    """Record ``op(*args, **kwargs)`` as an untiled task and return its results as nntile
-    tensors, or ``NOT_RECORDED``. ``run``: what computes it on the CPU (and on meta
-    tensors), where that is not ``op`` itself (a backend hook with no CPU kernel)."""
+def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, run: Any = None,
+           only_split: bool = False) -> Any:
+    """Record ``op(*args, **kwargs)`` as an untiled task, or per batch tile where
+    ``table_batched`` says it splits along the batch, and return its results as nntile
+    tensors, or a ``HostOnly``. ``run``: what computes it on the CPU (and on meta
+    tensors), where that is not ``op`` itself (a backend hook with no CPU kernel).
+    ``only_split``: a call that does not split along the batch is not recorded."""
     run = op if run is None else run
-    if name in _META_DIFFERS or _skip(op):
-        return NOT_RECORDED
+    host = _host_only(op, name)
+    if host is not None:
+        return host
     metas: dict[int, torch.Tensor] = {}  # id of a meta argument -> the nntile tensor it stands for
     ok = True
+    sparse = False
 
     def to_meta(x: Any) -> Any:
-        nonlocal ok
+        nonlocal ok, sparse
         if isinstance(x, torch.device):
             return _META if x == NNTILE else x
         if not isinstance(x, torch.Tensor):
@@ -120,36 +154,67 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
             m = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
             metas[id(m)] = x
             return m
+        if x.layout != torch.strided:
+            sparse = True
+            return x
         if x.device.type != "cpu" or x.dim() != 0:
             ok = False
         return x.to(_META)
 
     meta_args, meta_kwargs = tree_map(to_meta, (list(args), kwargs))
-    if not ok or not metas:
-        return NOT_RECORDED
+    if sparse:
+        return _SPARSE
+    if not ok:
+        return _CPU_ARGS
+    if not metas:
+        return _FACTORY
     written_meta = _written(op, meta_args, meta_kwargs)
-    if not all(id(m) in metas for m in written_meta):
-        return NOT_RECORDED
+    if not all(id(m) in metas for m, _ in written_meta):
+        return _WRITES_OTHER
     try:
-        meta_res = run(*meta_args, **meta_kwargs)
-    except Exception:  # no Meta kernel, a shape that depends on values, or an error CPU gives in its words
-        return NOT_RECORDED
+        meta_res = meta_call(run, meta_args, meta_kwargs, [m for m, _ in written_meta])
+    except NotImplementedError:
+        return _NO_META
+    except Exception as e:  # noqa: BLE001 - the arguments are wrong, or the Meta kernel is
+        if "meta" in str(e).lower():  # a kernel that reads values ("cannot be called on meta tensors")
+            return _VALUE_SHAPE
+        return _ask_cpu(run, args, kwargs)
+    named = by_name(op, args, kwargs)
+    mask = named.get("output_mask")
+    if mask is not None and isinstance(meta_res, tuple):  # CPU gives None where the mask says so; Meta may not
+        meta_res = tuple(None if i < len(mask) and not mask[i] else r for i, r in enumerate(meta_res))
+    flag = _EVAL_EMPTY.get(name.split(".")[0], "")
+    if flag != "":
+        if flag is None or not named[flag]:
+            meta_res = (meta_res[0], meta_res[1].new_empty(0), meta_res[2].new_empty(0), *meta_res[3:])
+        elif name == "aten::native_batch_norm":
+            return _UNMARKED
     leaves = tree_flatten(meta_res)[0]
     if not all(r is None or isinstance(r, torch.Tensor) and r.device == _META for r in leaves):
-        return NOT_RECORDED
+        return _NOT_TENSORS
 
     nodes: list[Any] = []
     index: dict[int, int] = {}  # id of an nntile argument -> its input tile
+    # out= arguments that no other argument is: the task needs not read them
+    out_metas = {id(m) for m, is_out in written_meta if is_out}
+    read_ids = {id(t) for k, t in metas.items() if k not in out_metas}
+    out_only: dict[int, int] = {}
+    for m, is_out in written_meta:
+        if is_out and id(metas[id(m)]) not in read_ids:
+            out_only.setdefault(id(metas[id(m)]), len(out_only))
 
     def operand(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             if x.device != NNTILE:
                 return CpuScalar(x)  # a CPU 0-dim tensor
+            k = out_only.get(id(x))
+            if k is not None:
+                return Slot(k - len(out_only))
             i = index.get(id(x))
             if i is None:
                 i = index[id(x)] = len(nodes)
                 nodes.append(read(x))
-            return _In(i)
+            return Slot(i)
         if isinstance(x, torch.device):
             return torch.device("cpu") if x == NNTILE else x
         if isinstance(x, (list, tuple)):
@@ -160,13 +225,26 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     p_kw = tuple((k, operand(v)) for k, v in kwargs.items())
     at = [k for k, r in enumerate(leaves) if r is not None and id(r) not in metas]  # results, not arguments
     fresh = [leaves[k] for k in at]
-    wrote = [metas[id(m)] for m in written_meta]
-    written = tuple(index[id(t)] for t in wrote)
-    outs = [(tuple(r.shape), r.dtype, None) for r in fresh]
-    outs += [(tuple(m.shape), m.dtype, None) for m in written_meta]
-    kernel = Kernel(run_untiled, run, p_args, p_kw, tuple(at), written)
-    stats.UNTILED_CALLS[name] += 1
-    values = whole_op(name, kernel, nodes, outs)
+    wrote = [metas[id(m)] for m, _ in written_meta]
+    written = tuple(t.dtype if id(t) in out_only else index[id(t)] for t in wrote)
+    outs = [(tuple(r.shape), r.dtype) for r in fresh] + [(tuple(m.shape), m.dtype) for m, _ in written_meta]
+    row = split_of(op, name.split(".")[0], args, kwargs)
+    plan = None
+    if row is not None and len(leaves) == len(op._schema.returns):
+        plan = _split_plan(op, row, args, kwargs, list(index), at, written, outs)
+    if plan is not None:
+        split_in, summed = plan
+        p_args, p_kw = _sized(op, row.sizes, p_args, p_kw)
+        written = tuple(TILE_OUT if type(w) is not int else w for w in written)  # these ops write out= in place
+        stats.BATCHED_CALLS[name] += 1
+        values = batched_op(name, Kernel(run_untiled, run, p_args, p_kw, tuple(at), written), nodes, split_in,
+                            outs, summed)
+    elif only_split:
+        return _NO_TILED
+    else:
+        stats.count_untiled(name, sum(n.numel * n.dtype.itemsize for n in nodes))
+        values = whole_op(name, Kernel(run_untiled, run, p_args, p_kw, tuple(at), written), nodes,
+                          [(s, d, None) for s, d in outs])
     for t, v in zip(wrote, values[len(fresh):], strict=True):
         if tuple(t.shape) != v.shape:
             resize_output(t, v.shape)
@@ -182,12 +260,90 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     return tree_map(back, meta_res)
 
 
-def _written(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """The tensors among the (meta) arguments that the schema marks as written."""
+_META_WRONG = HostOnly("PyTorch's Meta kernel rejects arguments its CPU kernel takes")
+
+
+def _ask_cpu(run: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HostOnly:
+    """The Meta kernel rejected the call: the CPU kernel, run on zeros of the arguments'
+    shapes, tells wrong arguments (its exception, in CPU's words) from a Meta kernel
+    that is wrong (a zero-size pooling): that call takes the host path."""
+    def zeros(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device == NNTILE:
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).zero_() if x.layout == torch.strided else x
+        return torch.device("cpu") if isinstance(x, torch.device) and x == NNTILE else x
+
+    try:
+        run(*tree_map(zeros, list(args)), **tree_map(zeros, kwargs))
+    except Exception as e:  # noqa: BLE001 - CPU's own error for these arguments
+        return HostOnly("its arguments are wrong", e)
+    return _META_WRONG
+
+
+def _written(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, bool]]:
+    """The tensors among the (meta) arguments that the schema marks as written, each
+    with whether it is an ``out=`` argument (whose values the op does not read)."""
     out = []
     for i, a in enumerate(op._schema.arguments):
         if a.alias_info is None or not a.alias_info.is_write:
             continue
         v = kwargs.get(a.name) if a.name in kwargs else args[i] if i < len(args) else None
-        out += [t for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+        out += [(t, a.is_out) for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
     return out
+
+
+def _split_plan(op: Any, row: Split, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[int],
+                at: list[int], written: tuple[int | torch.dtype, ...],
+                outs: list[tuple[tuple[int, ...], torch.dtype]]) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
+    """Which inputs (by the ids of their tensors, ``inputs``) and results carry the
+    batch and which results sum over it, or None where this call does not split: an
+    argument both carries the batch and not, an argument written in place, a result
+    whose dim 0 is not the batch. Results are the op's returns at positions ``at``, or
+    its ``out=`` arguments in order."""
+    schema = op._schema
+    carry: set[int] = set()
+    other: set[int] = set()
+    lead = None
+    for i, a in enumerate(schema.arguments):
+        v = kwargs[a.name] if a.name in kwargs else args[i] if i < len(args) else None
+        if a.is_out:
+            continue
+        for t in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(t, torch.Tensor):
+                if a.name in row.args:
+                    carry.add(id(t))
+                    lead = t if lead is None else lead
+                else:
+                    other.add(id(t))
+    if lead is None or carry & other or any(type(w) is int for w in written):
+        return None
+    if written and at:
+        return None
+    batch = lead.shape[0]
+    split_in = tuple(i in carry for i in inputs)
+    returns = at if at else range(len(written))
+    summed = tuple(k in row.sums for k in returns)
+    for (shape, _), s in zip(outs, summed):
+        if not s and (not shape or shape[0] != batch):
+            return None
+    if any(t.shape[0] != batch for t in _tensors(args, kwargs) if id(t) in carry):
+        return None
+    return split_in, summed
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    return [t for t in tree_flatten((list(args), kwargs))[0] if isinstance(t, torch.Tensor)]
+
+
+def _sized(op: Any, names: tuple[str, ...], p_args: tuple[Any, ...],
+           p_kw: tuple[tuple[str, Any], ...]) -> tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]]:
+    """The kernel's arguments with those ``names`` (the batch size, or int lists led by
+    it) holding ``BATCH``, which each batch tile's task replaces by its size."""
+    if not names:
+        return p_args, p_kw
+
+    def mark(v: Any) -> Any:
+        return (BATCH, *v[1:]) if isinstance(v, (list, tuple)) else BATCH
+
+    pos = {a.name: i for i, a in enumerate(op._schema.arguments)}
+    p_args = tuple(mark(v) if any(pos.get(n) == i for n in names) else v for i, v in enumerate(p_args))
+    return p_args, tuple((k, mark(v) if k in names else v) for k, v in p_kw)

@@ -63,6 +63,25 @@ def _number_kinds(params: tuple[Any, ...]) -> int:
     return out
 
 
+class Slot:
+    """A kernel parameter that stands for the task's input tile ``i``, where a kernel
+    calls an op with its tiles among other arguments (``backend/untiled.py``)."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Slot and other.i == self.i
+
+    def __hash__(self) -> int:
+        return hash((Slot, self.i))
+
+    def __repr__(self) -> str:
+        return f"Slot({self.i})"
+
+
 class CpuScalar:
     """A CPU 0-dim tensor an op was called with, as a kernel parameter: its value and
     dtype (it promotes as a tensor, and the caller may change the tensor later)."""

@@ -290,6 +290,20 @@ def split_chains(ctx: Lowering, node: OpNode, n_parts: int, n_out_tiles: int) ->
     return min(ncpu, n_parts)
 
 
+def sum_pairwise(ctx: Lowering, heads: list[tuple[TileArray, tuple[int, ...]]], name: str) -> None:
+    """Add the tiles ``heads`` into the first, in pairs: log2(len) rounds of tasks that
+    can run side by side."""
+    while len(heads) > 1:
+        nxt = []
+        for i in range(0, len(heads) - 1, 2):
+            (a, ai), (b, bi) = heads[i], heads[i + 1]
+            ctx.task(ADD_INTO, [Arg(a, ai, RW), Arg(b, bi, R)], name)
+            nxt.append((a, ai))
+        if len(heads) % 2:
+            nxt.append(heads[-1])
+        heads = nxt
+
+
 def reduce_into(
     ctx: Lowering,
     out: TileArray,
@@ -320,14 +334,6 @@ def reduce_into(
         for j, (write, acc, args) in enumerate(chain):
             first = j == 0 and not (started and c == 0)
             ctx.task(write if first else acc, [Arg(arr, aidx, W if first else RW), *args], name)
-    while len(heads) > 1:
-        nxt = []
-        for i in range(0, len(heads) - 1, 2):
-            (a, ai), (b, bi) = heads[i], heads[i + 1]
-            ctx.task(ADD_INTO, [Arg(a, ai, RW), Arg(b, bi, R)], name)
-            nxt.append((a, ai))
-        if len(heads) % 2:
-            nxt.append(heads[-1])
-        heads = nxt
+    sum_pairwise(ctx, heads, name)
     if finish is not None:
         ctx.task(finish, [Arg(out, idx, RW)], name)

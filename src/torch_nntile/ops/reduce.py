@@ -430,15 +430,42 @@ def any_all(x: DataNode, dims: tuple[int, ...], keepdim: bool, is_any: bool) -> 
 
 def moments_whole(dims: tuple[int, ...], keepdim: bool, params: tuple, *tiles: torch.Tensor) -> None:
     correction, root, with_mean, _ = params
-    v, m = (torch.std_mean if root else torch.var_mean)(tiles[-1], dims, correction=correction, keepdim=keepdim)
+    t = tiles[-1]
+    count = math.prod(t.shape[d] for d in dims)
+    if _batch_norm_dims(t, dims) and count > correction:
+        v, m = var_mean(t, dims, keepdim)
+        if correction:
+            v = v * (count / (count - correction))
+        if root:
+            v = v.sqrt()
+    else:
+        v, m = (torch.std_mean if root else torch.var_mean)(t, dims, correction=correction, keepdim=keepdim)
     tiles[0].copy_(v)
     if with_mean:
         tiles[1].copy_(m)
 
 
+def _batch_norm_dims(t: torch.Tensor, dims: tuple[int, ...]) -> bool:
+    n = t.dim()
+    return n >= 2 and tuple(dims) == (0, *range(2, n)) and t.dtype in (torch.float32, torch.float64) and t.numel() > 0
+
+
+def var_mean(t: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.var_mean(t, dims, correction=0)``; over every dim but 1 (batch norm's
+    statistics) by CPU's batch norm kernel, which is several times faster there."""
+    n = t.dim()
+    if _batch_norm_dims(t, dims):
+        m, v = torch.batch_norm_update_stats(t, None, None, 0.0)
+        if keepdim:
+            shape = (1, t.shape[1]) + (1,) * (n - 2)
+            m, v = m.reshape(shape), v.reshape(shape)
+        return v, m
+    return torch.var_mean(t, dims, correction=0, keepdim=keepdim)
+
+
 def moments_partial(dims: tuple[int, ...], offs: None, params: tuple, pm: torch.Tensor, pm2: torch.Tensor,
                     t: torch.Tensor) -> None:
-    v, m = torch.var_mean(t.to(pm.dtype), dims, correction=0, keepdim=True)
+    v, m = var_mean(t.to(pm.dtype), dims, keepdim=True)
     pm.copy_(m)
     torch.mul(v, math.prod(t.shape[d] for d in dims), out=pm2)
 

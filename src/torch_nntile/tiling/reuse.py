@@ -20,7 +20,7 @@ import torch
 from torch_nntile import stats
 from torch_nntile.graph.axes import describe
 from torch_nntile.graph.nodes import OpNode
-from torch_nntile.kernels import CpuScalar, Gemm, Kernel, PackB
+from torch_nntile.kernels import CpuScalar, Gemm, Kernel, PackB, Slot
 from torch_nntile.tiling import _structure  # type: ignore[attr-defined]
 from torch_nntile.tiling.tiles import Given, Held, Lowering, TileArray
 
@@ -35,7 +35,7 @@ class Uncacheable(Exception):
 # -- the key ---------------------------------------------------------------------------
 
 _PLAIN = (int, str, type(None), torch.dtype, types.FunctionType, types.BuiltinFunctionType, type, Gemm, PackB,
-          torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+          torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch.device, torch.memory_format, torch.layout, Slot)
 
 
 def _attr_key(x: Any) -> Any:

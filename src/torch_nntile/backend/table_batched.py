@@ -1,0 +1,103 @@
+"""ATen ops with no nntile kernel that run one batch tile at a time (ops/batched.py).
+
+A row says which arguments carry the batch in dim 0 (the first one named decides: with
+``rank``, only when it has that many dims, i.e. the batched form of the op), which
+results are sums over the batch (weight gradients), and which integer arguments give
+the batch size. The rest of the results carry the batch too. Anything else about the
+call is checked by ``untiled.record`` (every result that carries the batch must have
+the batch's extent in dim 0); a call that does not fit runs untiled, as one task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch_nntile.ops.base import wrap_dim
+
+
+@dataclass(frozen=True)
+class Split:
+    args: tuple[str, ...]  # arguments whose dim 0 is the batch; the first present one decides
+    rank: int | None = None  # the first must have this many dims
+    sums: tuple[int, ...] = ()  # results that are sums over the batch
+    sizes: tuple[str, ...] = ()  # int arguments equal to the batch size, or int lists led by it
+    when: Callable[[dict[str, Any]], bool] | None = None  # a further condition on the arguments by name
+
+
+def _batched_conv(a: dict[str, Any]) -> bool:
+    return a["input"].dim() == a["weight"].dim()
+
+
+def _not_along_batch(a: dict[str, Any]) -> bool:
+    x = a["self"]
+    return x.dim() >= 2 and wrap_dim(a["dim"], x.dim()) != 0
+
+
+def _eval(flag: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda a: not a[flag]
+
+
+_POOL_BACKWARD = ("grad_output", "self", "indices")
+SPLITS: dict[str, Split] = {
+    "aten::convolution_overrideable": Split(("input",), when=_batched_conv),
+    "aten::convolution_backward_overrideable": Split(("grad_output", "input"), sums=(1, 2), when=_batched_conv),
+    "aten::native_group_norm": Split(("input",), sizes=("N",)),
+    "aten::native_group_norm_backward": Split(("grad_out", "input", "mean", "rstd"), sums=(1, 2), sizes=("N",)),
+    # batch norm with the running statistics (eval mode): per sample; its saved statistics are empty
+    "aten::native_batch_norm": Split(("input",), sums=(1, 2), when=_eval("training")),
+    "aten::_native_batch_norm_legit": Split(("input",), sums=(1, 2), when=_eval("training")),
+    "aten::_native_batch_norm_legit_no_training": Split(("input",), sums=(1, 2)),
+    "aten::native_batch_norm_backward": Split(("grad_out", "input"), sums=(1, 2), when=_eval("train")),
+    "aten::im2col": Split(("self",), rank=4),
+    "aten::col2im": Split(("self",), rank=3),
+    "aten::pixel_shuffle": Split(("self",), rank=4),
+    "aten::pixel_unshuffle": Split(("self",), rank=4),
+    "aten::grid_sampler_2d": Split(("input", "grid")),
+    "aten::grid_sampler_2d_backward": Split(("grad_output", "input", "grid")),
+    "aten::topk": Split(("self",), when=_not_along_batch),
+    "aten::sort": Split(("self",), when=_not_along_batch),
+    "aten::kthvalue": Split(("self",), when=_not_along_batch),
+    "aten::median": Split(("self",), when=lambda a: "dim" in a and _not_along_batch(a)),
+    "aten::mode": Split(("self",), when=_not_along_batch),
+}
+for _d, _rank in ((1, 3), (2, 4), (3, 5)):
+    for _pool in ("max_pool{}d_with_indices", "adaptive_max_pool{}d"):
+        SPLITS[f"aten::{_pool.format(_d)}"] = Split(("self",), rank=_rank)
+        SPLITS[f"aten::{_pool.format(_d)}_backward"] = Split(_POOL_BACKWARD, rank=_rank)
+    for _pool in ("avg_pool{}d", "_adaptive_avg_pool{}d", "reflection_pad{}d", "replication_pad{}d"):
+        SPLITS[f"aten::{_pool.format(_d)}"] = Split(("self",), rank=_rank)
+        SPLITS[f"aten::{_pool.format(_d)}_backward"] = Split(("grad_output", "self"), rank=_rank)
+for _up in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+            "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+            "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"):
+    SPLITS[f"aten::{_up}"] = Split(("self", "input"))
+    SPLITS[f"aten::{_up}_backward"] = Split(("grad_output",), sizes=("input_size",))
+
+
+def by_name(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by their names in the schema, defaults filled in."""
+    out = {}
+    for i, a in enumerate(op._schema.arguments):
+        if a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif i < len(args):
+            out[a.name] = args[i]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+def split_of(op: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Split | None:
+    """The row for this call of ``op`` (``name`` without its overload), if it applies."""
+    row = SPLITS.get(name)
+    if row is None:
+        return None
+    named = by_name(op, args, kwargs)
+    lead = next((named[n] for n in row.args if n in named), None)
+    if lead is None or not lead.dim() or (row.rank is not None and lead.dim() != row.rank):
+        return None
+    if row.when is not None and not row.when(named):
+        return None
+    return row

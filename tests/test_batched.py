@@ -1,0 +1,214 @@
+"""Ops run by PyTorch's CPU kernel one batch tile at a time (ops/batched.py): values and
+gradients are CPU's with the batch untiled, in uneven tiles and in tiles of one sample;
+a batch tiled in k tiles runs k tasks of the op; weight gradients are summed over them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+import torch_nntile
+from torch_nntile import stats
+
+LAYOUTS = {"untiled": None, "uneven": [3, 2], "ones": 1}
+
+
+def _run(fn, inputs: list[torch.Tensor], tiling, grads: bool = True) -> None:
+    """``fn`` on CPU and on nntile with dim 0 of ``inputs[0]`` (the batch) tiled as given:
+    outputs within 1e-5, gradients of every input that requires them within 1e-4."""
+    cpu = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
+    dev = [x.detach().to("nntile").requires_grad_(x.requires_grad) for x in inputs]
+    if tiling is not None:
+        torch_nntile.set_axis_group_name(dev[0], {0: "batch"})
+        torch_nntile.set_axis_group_tiling("batch", tiling)
+    want, got = fn(*cpu), fn(*dev)
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert_close(g.detach().cpu(), w.detach(), rtol=1e-5, atol=1e-5)
+    if not grads:
+        return
+    torch.manual_seed(1)
+    cots = [torch.randn(w.shape) for w in want if w.dtype.is_floating_point]
+    diff = [w for w in want if w.dtype.is_floating_point]
+    torch.autograd.backward(diff, cots)
+    torch.autograd.backward([g for g in got if g.dtype.is_floating_point], [c.to("nntile") for c in cots])
+    for c, d in zip(cpu, dev):
+        if c.requires_grad:
+            assert_close(d.grad.cpu(), c.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(params=list(LAYOUTS), ids=list(LAYOUTS))
+def tiling(request):
+    torch_nntile.reset_info()
+    yield LAYOUTS[request.param]
+    assert stats.FALLBACK_CALLS == {} and stats.UNTILED_CALLS == {}, (stats.FALLBACK_CALLS, stats.UNTILED_CALLS)
+
+
+def _t(*shape: int, grad: bool = True) -> torch.Tensor:
+    return torch.randn(*shape).requires_grad_(grad)
+
+
+CONVS = {
+    "conv1d": (lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1), (5, 4, 9), (6, 4, 3), (6,)),
+    "conv2d_groups": (lambda x, w, b: F.conv2d(x, w, b, padding=1, dilation=2, groups=2), (5, 4, 7, 6), (6, 2, 3, 3),
+                      (6,)),
+    "conv2d_depthwise": (lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), groups=4), (5, 4, 7, 6), (4, 1, 3, 2), (4,)),
+    "conv3d": (lambda x, w, b: F.conv3d(x, w, b, padding=1), (5, 2, 4, 5, 3), (3, 2, 3, 3, 3), (3,)),
+    "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, output_padding=1), (5, 4, 5, 4),
+                         (4, 3, 3, 3), (3,)),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_convolutions(name, tiling):
+    fn, xs, ws, bs = CONVS[name]
+    torch.manual_seed(0)
+    _run(fn, [_t(*xs), _t(*ws), _t(*bs)], tiling)
+
+
+def test_convolution_runs_one_task_per_batch_tile(python_tasks):
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 3, 8, 8).to("nntile"), torch.randn(4, 3, 3, 3).to("nntile").requires_grad_()
+    torch_nntile.set_axis_group_name(x, {0: "batch"})
+    torch_nntile.set_axis_group_tiling("batch", 2)
+    y = F.conv2d(x, w)
+    y.sum().backward()
+    y.cpu()
+    assert python_tasks.count("aten::convolution_overrideable") == 3
+    assert python_tasks.count("aten::convolution_backward_overrideable") == 3
+    assert stats.BATCHED_CALLS["aten::convolution_overrideable"] >= 1
+
+
+def test_zero_size_batch():
+    w = torch.randn(4, 3, 3, 3)
+    x = torch.randn(0, 3, 8, 8)
+    assert F.conv2d(x.to("nntile"), w.to("nntile")).cpu().shape == (0, 4, 6, 6)
+    assert torch.equal(F.avg_pool2d(x.to("nntile"), 2).cpu(), F.avg_pool2d(x, 2))
+
+
+def test_meta_kernel_wrong_where_cpu_is_right():
+    """PyTorch's Meta kernel of max pooling fails on an empty batch, its CPU kernel does
+    not: the call takes the host path, which ``cpu_fallback=False`` refuses by name."""
+    x = torch.randn(0, 3, 8, 8)
+    with pytest.raises(NotImplementedError, match="Meta kernel rejects arguments its CPU kernel takes"):
+        F.max_pool2d(x.to("nntile"), 2)
+    torch_nntile.init_context(ncpu=2, cpu_fallback=True)
+    assert torch.equal(F.max_pool2d(x.to("nntile"), 2).cpu(), F.max_pool2d(x, 2))
+
+
+POOLS = {
+    "max_pool2d": lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True),
+    "max_pool2d_ceil": lambda x: F.max_pool2d(x, 2, ceil_mode=True),
+    "max_pool1d": lambda x: F.max_pool1d(x.flatten(2), 4),
+    "avg_pool2d": lambda x: F.avg_pool2d(x, 2, padding=1, count_include_pad=False),
+    "adaptive_avg_pool2d": lambda x: F.adaptive_avg_pool2d(x, (3, 2)),
+    "adaptive_max_pool2d": lambda x: F.adaptive_max_pool2d(x, 3, return_indices=True),
+    "max_pool3d": lambda x: F.max_pool3d(x.unsqueeze(2).expand(-1, -1, 2, -1, -1), 2),
+    "upsample_nearest": lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
+    "upsample_bilinear": lambda x: F.interpolate(x, size=(9, 11), mode="bilinear", align_corners=False),
+    "pixel_shuffle": lambda x: F.pixel_shuffle(x, 2),
+    "reflection_pad": lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect"),
+    "unfold_im2col": lambda x: F.unfold(x, 3, padding=1),
+    "group_norm": lambda x: F.group_norm(x, 2, torch.linspace(0.5, 1.5, 4).to(x.device),
+                                         torch.linspace(-1, 1, 4).to(x.device)),
+}
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_pooling_upsampling_norms(name, tiling):
+    torch.manual_seed(0)
+    _run(POOLS[name], [_t(5, 4, 6, 8)], tiling)
+
+
+def test_group_norm_weight_gradients_sum_over_the_batch(tiling):
+    torch.manual_seed(0)
+    _run(lambda x, w, b: F.group_norm(x, 2, w, b), [_t(5, 4, 3, 3), _t(4), _t(4)], tiling)
+
+
+def test_batch_norm_eval(tiling):
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(4).eval()
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2)
+
+    def fn(x, w, b):
+        return F.batch_norm(x, bn.running_mean.to(x.device), bn.running_var.to(x.device), w, b, training=False)
+
+    _run(fn, [_t(5, 4, 3, 3), _t(4), _t(4)], tiling)
+
+
+def test_sorting_along_a_dim_that_is_not_the_batch(tiling):
+    torch.manual_seed(0)
+    _run(lambda x: torch.topk(x, 3, dim=1), [_t(5, 7)], tiling)
+    _run(lambda x: torch.sort(x, dim=-1, descending=True), [_t(5, 7)], tiling)
+    _run(lambda x: torch.kthvalue(x, 2, dim=1), [_t(5, 7)], tiling)
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["kept", "output_dropped"])
+def test_batch_norm_training_tiled(tiling, drop):
+    """Batch statistics as tiled reductions over the batch tiles; the running statistics
+    updated as CPU updates them, also when nothing reads the output."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-1, 1)
+    bnn = nn.BatchNorm2d(4).to("nntile")
+    bnn.load_state_dict(bn.state_dict())
+    x = (torch.randn(5, 4, 3, 3) * 3 + 1).requires_grad_()
+    xn = x.detach().to("nntile").requires_grad_()
+    if tiling is not None:
+        torch_nntile.set_axis_group_name(xn, {0: "batch"})
+        torch_nntile.set_axis_group_tiling("batch", tiling)
+    y, yn = bn(x), bnn(xn)
+    if not drop:
+        g = torch.randn(y.shape)
+        y.backward(g)
+        yn.backward(g.to("nntile"))
+        assert_close(yn.detach().cpu(), y.detach(), rtol=1e-5, atol=1e-5)
+        for p, q in ((xn, x), (bnn.weight, bn.weight), (bnn.bias, bn.bias)):
+            assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4)
+    del yn
+    assert_close(bnn.running_mean.cpu(), bn.running_mean)
+    assert_close(bnn.running_var.cpu(), bn.running_var)
+    assert int(bnn.num_batches_tracked.cpu()) == 1
+
+
+@pytest.mark.parametrize("case", ["channels_and_space_tiled", "no_affine_no_running", "float64_3d"])
+def test_batch_norm_training_other_layouts(case):
+    """Channels tiled unevenly and spatial dims tiled (a channel's parts in many tiles),
+    no weight, bias or running statistics, float64 and a 3-D input."""
+    torch.manual_seed(0)
+    dt = torch.float64 if case == "float64_3d" else torch.float32
+    shape = (6, 4, 10) if case == "float64_3d" else (6, 4, 5, 6)
+    affine = case != "no_affine_no_running"
+    bn = nn.BatchNorm1d(4, affine=affine, track_running_stats=affine, dtype=dt) if len(shape) == 3 else \
+        nn.BatchNorm2d(4, affine=affine, track_running_stats=affine, dtype=dt)
+    bnn = type(bn)(4, affine=affine, track_running_stats=affine, dtype=dt).to("nntile")
+    bnn.load_state_dict(bn.state_dict())
+    x = (torch.randn(shape, dtype=dt) * 2 + 3).requires_grad_()
+    xn = x.detach().to("nntile").requires_grad_()
+    if case == "channels_and_space_tiled":
+        torch_nntile.set_axis_group_name(xn, {0: "n", 1: "c", 2: "h", 3: "w"})
+        for group, tiles in (("n", [4, 2]), ("c", [3, 1]), ("h", 2), ("w", [4, 2])):
+            torch_nntile.set_axis_group_tiling(group, tiles)
+    else:
+        torch_nntile.set_axis_group_name(xn, {0: "n"})
+        torch_nntile.set_axis_group_tiling("n", 4)
+    y, yn = bn(x), bnn(xn)
+    g = torch.randn(y.shape, dtype=dt)
+    y.backward(g)
+    yn.backward(g.to("nntile"))
+    assert_close(yn.detach().cpu(), y.detach())
+    assert_close(xn.grad.cpu(), x.grad, rtol=1e-4, atol=1e-4)
+    if affine:
+        for p, q in ((bnn.weight, bn.weight), (bnn.bias, bn.bias)):
+            assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4)
+        assert_close(bnn.running_mean.cpu(), bn.running_mean)
+        assert_close(bnn.running_var.cpu(), bn.running_var)
+    assert "aten::native_batch_norm" not in stats.UNTILED_CALLS
