@@ -1,5 +1,6 @@
-"""What the step benchmarks (``mlp_step.py``, ``gpt2_step.py``) share: timing the two
-sides in alternating blocks, the arithmetic floor and the peak resident memory.
+"""What the step benchmarks (``mlp_step.py``, ``gpt2_step.py``, ``cnn_step.py``) share:
+timing the two sides in alternating blocks, the lines of step times, the arithmetic
+floor and the peak resident memory.
 
 Every timed block and floor product starts after a pause (``SETTLE_S``), so that it
 does not share the cores with the previous block's spinning threads.
@@ -175,6 +176,30 @@ def peak_rss(script: str, argv: list[str]) -> tuple[float, float, str]:
         kinds.add(m.group(2))
     what = "after warm-up" if kinds == {"since-reset"} else "over each process's life"
     return peaks[0], peaks[1], what
+
+
+def print_steps(args: argparse.Namespace, cpu_t: list[float], dev_t: list[float],
+                tiling: str) -> tuple[float, float, dict[str, float], str | None]:
+    """Print the threads, each side's median step time (``tiling``: how nntile tiled the
+    step), the ops that ran on the host fallback per step and, with ``--report``, the
+    phase and kernel tables; return the medians, those fallbacks and the report."""
+    import torch_nntile
+
+    cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
+    nsteps = len(cpu_t) * args.block
+    print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
+    print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
+    captured = "; captured" if getattr(args, "capture", False) else ""
+    print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block}; {tiling}"
+          f"{captured})")
+    fallbacks = {op: n / nsteps for op, n in sorted(torch_nntile.fallback_counts().items())}
+    if fallbacks:
+        print(f"CPU fallback ops per nntile step: {', '.join(f'{op} {n:g}' for op, n in fallbacks.items())}")
+    report = None
+    if args.report:
+        report = f"{torch_nntile.format_info()}\n{torch_nntile.metrics_report()}"
+        print(report)
+    return cpu_med, dev_med, fallbacks, report
 
 
 def print_figures(macs: int, rates: list[float], best: float, mm_size: int, cpu_med: float, dev_med: float,

@@ -59,14 +59,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
 import transformers as hf
-from _common import add_common_args, alternate, mm_probe, mm_rate, peak_rss, print_figures, rss_side, utc_now, write_result
+from _common import (
+    add_common_args,
+    alternate,
+    mm_probe,
+    mm_rate,
+    peak_rss,
+    print_figures,
+    print_steps,
+    rss_side,
+    utc_now,
+    write_result,
+)
 
 import torch_nntile
 
@@ -202,25 +212,12 @@ def main() -> None:
     print(f"loss after warm-up: cpu {want:.6f}, nntile {got:.6f}")
     torch_nntile.reset_info()
     cpu_t, dev_t, rates = alternate(cpu_step, dev_step, steps, args.block, probe)
-    cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
-    nsteps = len(cpu_t) * args.block
     tiled = ", ".join(f"{k} {v}" for k, v in tilings.items() if v is not None) or "untiled"
     model = (f"GPT-2 {args.size}: {preset.n_layer} layers, n_embd {preset.n_embd}, {preset.n_head} heads, "
              f"vocab {preset.vocab}, seq {preset.seq}, batch {preset.batch}, AdamW{' (fused)' if args.fused else ''}, "
              f"{preset.attn} attention")
     print(model)
-    print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
-    print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
-    captured = "; captured" if args.capture else ""
-    print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block}; {tiled}"
-          f"{captured})")
-    fallbacks = {op: n / nsteps for op, n in sorted(torch_nntile.fallback_counts().items())}
-    if fallbacks:
-        print(f"CPU fallback ops per nntile step: {', '.join(f'{op} {n:g}' for op, n in fallbacks.items())}")
-    report = None
-    if args.report:
-        report = f"{torch_nntile.format_info()}\n{torch_nntile.metrics_report()}"
-        print(report)
+    cpu_med, dev_med, fallbacks, report = print_steps(args, cpu_t, dev_t, tiled)
     rss = peak_rss(sys.argv[0], sys.argv[1:]) if args.rss_steps > 0 else None
     figures = print_figures(step_macs(preset), rates, rate, args.mm_size, cpu_med, dev_med, rss, args.rss_steps)
     if args.json:

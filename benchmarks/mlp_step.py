@@ -22,13 +22,23 @@ which autograd skips (the input needs no gradient): ``3 * fwd - b * d_0 * d_1``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
-from _common import add_common_args, alternate, mm_probe, mm_rate, peak_rss, print_figures, rss_side, utc_now, write_result
+from _common import (
+    add_common_args,
+    alternate,
+    mm_probe,
+    mm_rate,
+    peak_rss,
+    print_figures,
+    print_steps,
+    rss_side,
+    utc_now,
+    write_result,
+)
 
 import torch_nntile
 from torch_nntile.nn.model import DeepReLU
@@ -101,16 +111,7 @@ def main() -> None:
     torch_nntile.wait()
     torch_nntile.reset_info()
     cpu_t, dev_t, rates = alternate(cpu_step, dev_step, args.steps, args.block, probe)
-    cpu_med, dev_med = statistics.median(cpu_t), statistics.median(dev_t)
-    print(f"torch threads (CPU eager): {torch.get_num_threads()}, StarPU CPU workers: {args.ncpu}")
-    nsteps = len(cpu_t) * args.block
-    print(f"cpu eager step:  median {cpu_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block})")
-    print(f"nntile step:     median {dev_med * 1e3:8.2f} ms over {nsteps} steps (blocks of {args.block}, "
-          f"batch tile {args.tile})")
-    report = None
-    if args.report:
-        report = f"{torch_nntile.format_info()}\n{torch_nntile.metrics_report()}"
-        print(report)
+    cpu_med, dev_med, _, report = print_steps(args, cpu_t, dev_t, f"batch tile {args.tile}")
     if args.trace:
         with torch_nntile.trace(args.trace):
             dev_step()

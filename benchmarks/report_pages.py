@@ -1,6 +1,6 @@
-"""Turn benchmark results (the JSON files ``mlp_step.py`` and ``gpt2_step.py`` write with
-``--json``) into the figures of the docs' Benchmarks page, so that the page shows
-measurements, never numbers copied by hand.
+"""Turn benchmark results (the JSON files that ``mlp_step.py``, ``gpt2_step.py`` and
+``cnn_step.py`` write with ``--json``) into the figures of the docs' Benchmarks page, so
+that the page shows measurements, never numbers copied by hand.
 
 The page keeps its prose by hand; only the part between the lines ``<!-- begin generated -->``
 and ``<!-- end generated -->`` is this script's: a table of the current figures, a table of
@@ -30,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- begin generated -->", "<!-- end generated -->"
-ORDER = ("mlp_step", "gpt2_step")  # benchmarks in page order; unknown ones after, by name
+ORDER = ("mlp_step", "gpt2_step", "cnn_step")  # benchmarks in page order; unknown ones after, by name
 OVERVIEW = "bench-overview.png"
 
 Result = dict[str, Any]

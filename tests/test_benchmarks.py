@@ -1,4 +1,4 @@
-"""benchmarks/mlp_step.py and gpt2_step.py: their multiply-add counts match what PyTorch's
+"""benchmarks/mlp_step.py, gpt2_step.py and cnn_step.py: their multiply-add counts match what PyTorch's
 flop counter sees in an eager step, and each runs with tiny settings in a fresh
 interpreter and prints every figure line in a form that parses, its quotients those of
 the figures printed (no timing asserted), and writes the same figures with ``--json``.
@@ -27,6 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import cnn_step  # noqa: E402
 import gpt2_step  # noqa: E402
 import mlp_step  # noqa: E402
 import report_pages  # noqa: E402
@@ -68,6 +69,16 @@ def test_gpt2_macs_match_flop_counter(size):
     model = gpt2_step.gpt2(p)
     ids = torch.randint(0, p.vocab, (p.batch, p.seq))
     assert gpt2_step.step_macs(p) == _eager_macs(lambda: model(input_ids=ids, labels=ids).loss.backward())
+
+
+@pytest.mark.parametrize("width, image", [(16, 64), (4, 16)])
+def test_cnn_macs_match_flop_counter(width, image):
+    model = cnn_step.resnet(width, 10)
+    x, y = torch.randn(2, 3, image, image), torch.randint(0, 10, (2,))
+    got = _eager_macs(lambda: F.cross_entropy(model(x), y).backward())
+    assert cnn_step.step_macs(model, 2, image) == got
+    fwd, stem = _eager_macs(lambda: model(x)), 2 * image * image * width * 3 * 9
+    assert got == 3 * fwd - stem  # the stem's grad input is not computed
 
 
 def _run(script: str, *args: str) -> str:
@@ -122,6 +133,25 @@ def test_mlp_step_writes_json(tmp_path):
     assert rec["benchmark"] == "mlp_step" and rec["steps"] == 2 and rec["block"] == 1
     assert rec["options"]["batch"] == 64 and rec["tiling"] == "batch 32" and rec["captured"] is False
     assert report_pages.command(rec) == "mlp_step.py " + " ".join(argv[:-2])
+
+
+def test_cnn_step_writes_json(tmp_path):
+    """A tiny ResNet step (batch 8 of 3x16x16, width 4, batch tiles of 4; no memory
+    processes): the losses after warm-up agree, nothing runs on the host fallback."""
+    path = tmp_path / "cnn.json"
+    argv = ["--steps", "2", "--block", "1", "--warmup", "1", "--batch", "8", "--image", "16", "--width", "4",
+            "--tile", "4", "--mm-size", "256", "--rss-steps", "0", "--json", str(path)]
+    r = subprocess.run([sys.executable, str(BENCH / "cnn_step.py"), *argv], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = _check_json(r.stdout, path, argv)
+    assert rec["benchmark"] == "cnn_step" and rec["steps"] == 2 and rec["tiling"] == "batch 4"
+    assert rec["model"] in r.stdout and "batch 8 of 3x16x16" in rec["model"]
+    loss = rec["loss_after_warmup"]
+    assert abs(loss["nntile"] - loss["cpu"]) <= 1e-5 * loss["cpu"], loss
+    assert f"loss after warm-up: cpu {loss['cpu']:.6f}, nntile {loss['nntile']:.6f}" in r.stdout
+    assert rec["fallback_ops_per_step"] == {} and "fallback" not in r.stdout
+    assert rec["floor"]["gmac"] * 1e9 == pytest.approx(cnn_step.step_macs(cnn_step.resnet(4, 10), 8, 16))
+    assert report_pages.command(rec) == "cnn_step.py " + " ".join(argv[:-2])
 
 
 def _check_figures(out: str) -> None:
@@ -184,6 +214,16 @@ def test_gpt2_step_sdpa_attention_prints_figures():
     out = _run("gpt2_step.py", "--steps", "10", "--block", "5", "--warmup", "1", "--attn", "sdpa", "--seq", "48")
     _check_figures(out)
     assert "seq 48" in out and "sdpa attention" in out and "fallback" not in out
+
+
+@pytest.mark.slow
+def test_cnn_step_prints_figures(tmp_path):
+    args = ["--steps", "2", "--block", "1", "--warmup", "1", "--batch", "8", "--image", "32", "--width", "4",
+            "--tile", "4", "--json", str(tmp_path / "r.json")]
+    out = _run("cnn_step.py", *args)
+    _check_figures(out)
+    rec = _check_json(out, tmp_path / "r.json", ["--mm-size", "256", "--rss-steps", "1", *args])
+    assert rec["benchmark"] == "cnn_step" and rec["fallback_ops_per_step"] == {}
 
 
 def test_gpt2_help_names_presets_and_tilings():
