@@ -178,3 +178,45 @@ def test_random_fills_draw_as_cpu(fill):
     got = fill(torch.empty(37).to("nntile"))
     assert torch.equal(got.cpu(), want)
     assert stats.FALLBACK_CALLS == {}
+
+
+@pytest.mark.parametrize("tiled_", [False, True], ids=["untiled", "tiled"])
+def test_bincount_in_the_graph(tiled_):
+    """bincount reads back only its length (the largest value), then counts in the graph."""
+    torch_nntile.reset_info()
+    x = torch.tensor([1, 3, 3, 0, 7, 3], dtype=torch.int32)
+    xn = _dev(x, tiled_)
+    assert torch.equal(torch.bincount(xn).cpu(), torch.bincount(x))
+    assert torch.equal(torch.bincount(xn, minlength=11).cpu(), torch.bincount(x, minlength=11))
+    for w in (torch.rand(6), torch.rand(6, dtype=torch.float64), torch.arange(6, dtype=torch.int32)):
+        want = torch.bincount(x, w)
+        got = torch.bincount(xn, _dev(w, tiled_))
+        assert got.dtype == want.dtype
+        assert_close(got.cpu(), want)
+    e = torch.tensor([], dtype=torch.int64)
+    assert torch.equal(torch.bincount(e.to("nntile"), minlength=3).cpu(), torch.bincount(e, minlength=3))
+    for bad, kind, msg in ((torch.tensor([-1, 2]), RuntimeError, "non-negative"),
+                           (torch.tensor([[1]]), RuntimeError, "1-d non-negative"),
+                           (torch.tensor([1.0]), NotImplementedError, "bincount_cpu")):
+        with pytest.raises(kind, match=msg):
+            torch.bincount(bad.to("nntile"))
+    assert stats.FALLBACK_CALLS == {} and "aten::bincount" not in stats.UNTILED_CALLS
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_ctc_loss_in_the_graph(reduction):
+    """PyTorch marks _ctc_loss as shaped by values; its integer lengths decide the shape,
+    so nntile supplies the Meta form and the loss and its backward are untiled tasks."""
+    torch_nntile.reset_info()
+    torch.manual_seed(0)
+    lp = torch.randn(12, 3, 6).log_softmax(2).detach().requires_grad_()
+    tg, il, tl = torch.randint(1, 6, (3, 5)), torch.full((3,), 12), torch.tensor([5, 3, 4])
+    want = F.ctc_loss(lp, tg, il, tl, reduction=reduction)
+    want.sum().backward()
+    lpn = lp.detach().to("nntile").requires_grad_()
+    got = F.ctc_loss(lpn, tg.to("nntile"), il.to("nntile"), tl.to("nntile"), reduction=reduction)
+    got.sum().backward()
+    assert_close(got.detach().cpu(), want.detach())
+    assert_close(lpn.grad.cpu(), lp.grad, rtol=1e-4, atol=1e-5)
+    assert stats.FALLBACK_CALLS == {}
+    assert {"aten::_ctc_loss", "aten::_ctc_loss_backward"} <= set(stats.UNTILED_CALLS)

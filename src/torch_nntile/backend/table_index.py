@@ -266,6 +266,35 @@ def _nonzero(self: torch.Tensor) -> DataNode:
     return whole_op("nonzero", kernel, nodes, [((n, len(x.shape)), torch.int64, None)])[0]
 
 
+def _bincount(self: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
+    """Counts (or sums of ``weights``) per value: the length is read back (the smallest
+    and largest value, one wait), then an ``index_add_`` into zeros, tiled."""
+    check_live()
+    if self.dtype.is_floating_point or self.dtype.is_complex or self.dtype == torch.bool:
+        raise NotImplementedError(f'"bincount_cpu" not implemented for \'{type_name(self.dtype)}\'')
+    if self.dim() != 1:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    n = minlength
+    if self.numel():
+        lo, hi = torch.stack([self.min(), self.max()]).cpu().tolist()
+        if lo < 0:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+        n = max(n, hi + 1)
+    if weights is None:
+        dtype = torch.int64
+    else:
+        dtype = weights.dtype if weights.dtype in (torch.float32, torch.float64) else torch.float64
+    src = torch.ones_like(self, dtype=dtype) if weights is None else weights.to(dtype)
+    return torch.zeros(n, dtype=dtype, device=self.device).index_add_(0, self.long(), src)
+
+
+register("bincount", _bincount)
+
+
 # -- flip, roll, constant padding: box copies, tiled -------------------------------------
 
 

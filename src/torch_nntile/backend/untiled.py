@@ -27,6 +27,7 @@ from torch_nntile import stats
 from torch_nntile.backend.device import NNTILE, new_tensor, read, resize_output, write
 from torch_nntile.backend.meta_calls import meta_call
 from torch_nntile.backend.table_batched import Split, by_name, split_of
+from torch_nntile.backend.table_shapes import META_FORMS
 from torch_nntile.kernels import CpuScalar, Kernel, Slot
 from torch_nntile.ops.base import whole_op
 from torch_nntile.ops.batched import BATCH, batched_op
@@ -137,7 +138,8 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     tensors), where that is not ``op`` itself (a backend hook with no CPU kernel).
     ``only_split``: a call that does not split along the batch is not recorded."""
     run = op if run is None else run
-    host = _host_only(op, name)
+    meta_run = META_FORMS.get(name)
+    host = _host_only(op, name) if meta_run is None else None
     if host is not None:
         return host
     metas: dict[int, torch.Tensor] = {}  # id of a meta argument -> the nntile tensor it stands for
@@ -172,7 +174,7 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     if not all(id(m) in metas for m, _ in written_meta):
         return _WRITES_OTHER
     try:
-        meta_res = meta_call(run, meta_args, meta_kwargs, [m for m, _ in written_meta])
+        meta_res = meta_call(meta_run or run, meta_args, meta_kwargs, [m for m, _ in written_meta])
     except NotImplementedError:
         return _NO_META
     except Exception as e:  # noqa: BLE001 - the arguments are wrong, or the Meta kernel is
