@@ -241,3 +241,21 @@ def test_foreach_chains_write_only_held_results(monkeypatch, tiles):
             assert_close(g.cpu(), w)
     name = "mul+lerp+mul+addcmul+sqrt+div+add+addcdiv"
     assert seen == [(name, (1, 3))], seen  # the lerp's and addcmul's results: m and v
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 300), (3, 5, 257), (2, 4, 16, 40)])
+def test_per_channel_operands_over_long_rows(shape):
+    """Operands of one value along a row (a per-channel statistic broadcast over the
+    spatial dims) in a fused program whose rows span several blocks, the last one short;
+    a bool operand among them."""
+    torch.manual_seed(0)
+    bshape = (1, shape[1]) + (1,) * (len(shape) - 2)
+    x, m, s = torch.randn(shape), torch.randn(bshape), torch.rand(bshape)
+    b, mask = torch.randn(shape[-1]), torch.rand(bshape) > 0.5
+
+    def f(x, m, s, b, mask):
+        return torch.where(mask, torch.relu((x - m) * s + b), x * 2)
+
+    want = f(x, m, s, b, mask)
+    got = f(*(t.to("nntile") for t in (x, m, s, b, mask)))
+    assert torch.equal(got.cpu(), want)

@@ -353,6 +353,7 @@ void tnt_ew_run_part(const int32_t *prog, const double *consts, void *const *buf
     unravel(idx, o, shape, nd - 1);
     for (; u < end; o++, jb = 0) {
         int64_t off[TNT_EW_CONST];
+        uint64_t filled = 0;  /* operands broadcast along the row, gathered once for it */
         for (int b = 0; b < nb; b++)
             off[b] = tnt_offset_of(offsets[b], idx, str[b], nd - 1);
         for (; jb < nblk && u < end; jb++, u++) {
@@ -365,6 +366,12 @@ void tnt_ew_run_part(const int32_t *prog, const double *consts, void *const *buf
                     src[b] = (const float *)bufs[b] + off[b] + j0;
                 } else if (s == 1 && types[b] == TNT_EW_F32) {
                     src[b] = (const float *)p;
+                } else if (s == 0) {  /* one value along the row (a per-channel statistic) */
+                    if (!(filled & (1ull << b))) {
+                        copy_row(gathered[b], p, types[b], BLOCK, 0);
+                        filled |= 1ull << b;
+                    }
+                    src[b] = gathered[b];
                 } else {
                     copy_row(gathered[b], p, types[b], n, s);
                     src[b] = gathered[b];
