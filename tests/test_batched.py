@@ -212,3 +212,27 @@ def test_batch_norm_training_other_layouts(case):
         assert_close(bnn.running_mean.cpu(), bn.running_mean)
         assert_close(bnn.running_var.cpu(), bn.running_var)
     assert "aten::native_batch_norm" not in stats.UNTILED_CALLS
+
+
+def test_other_dims_tiled_are_gathered():
+    """A convolution and a pooling whose input is tiled along the channels and the
+    height as well as the batch: those dims are gathered for the op (counted as
+    re-tiles), the batch stays split, and the values and gradients are CPU's."""
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 4, 9, 8, requires_grad=True), torch.randn(6, 4, 3, 3, requires_grad=True)
+    xn, wn = x.detach().to("nntile").requires_grad_(), w.detach().to("nntile").requires_grad_()
+    torch_nntile.set_axis_group_name(xn, {0: "b", 1: "c", 2: "h"})
+    for group, tiles in (("b", [2, 3]), ("c", [3, 1]), ("h", 4)):
+        torch_nntile.set_axis_group_tiling(group, tiles)
+    torch_nntile.reset_info()
+    y = F.max_pool2d(F.conv2d(xn, wn, padding=1), 2)
+    want = F.max_pool2d(F.conv2d(x, w, padding=1), 2)
+    g = torch.randn(want.shape)
+    want.backward(g)
+    y.backward(g.to("nntile"))
+    assert_close(y.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    assert_close(xn.grad.cpu(), x.grad, rtol=1e-4, atol=1e-4)
+    assert_close(wn.grad.cpu(), w.grad, rtol=1e-4, atol=1e-4)
+    retiled = torch_nntile.metrics()["retiles"]
+    assert any(op.startswith("aten::convolution_overrideable") for op in retiled), retiled
+    assert stats.UNTILED_CALLS == {} and stats.FALLBACK_CALLS == {}

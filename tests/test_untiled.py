@@ -49,7 +49,15 @@ def test_multi_output_ops(tiled):
     assert {"aten::topk.values", "aten::sort.values_stable", "aten::histc"} <= set(stats.UNTILED_CALLS)
 
 
-def test_written_arguments(tiled):
+@pytest.mark.parametrize("calls", [1, 2], ids=["once", "twice"])
+def test_written_arguments(tiled, calls):
+    """In place, out= (resized), out= that is also the input; called twice, the second
+    call's Meta result comes from the cache (meta_calls), out= resized from it."""
+    for _ in range(calls):
+        _written_arguments(tiled)
+
+
+def _written_arguments(tiled):
     torch.manual_seed(0)
     x = torch.randn(4, 3)
     c, cn = x.abs() + 0.5, _dev(x.abs() + 0.5, tiled)
