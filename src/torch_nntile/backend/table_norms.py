@@ -1,8 +1,8 @@
 """Batch norm in training mode (batch statistics), tiled: ``ops/batch_norm.py`` records
-its statistics (and the backward's per-channel sums) as one op, and the normalisation
-(and the input's gradient) are elementwise ops on nntile tensors, which fuse with their
-neighbours. In eval mode (running statistics) batch norm is per sample:
-``table_batched`` runs it per batch tile.
+its statistics (and the backward's per-channel sums) as one op, with the per-channel
+coefficients of the normalisation (and of the input's gradient), which is then one
+elementwise op that fuses with its neighbours (a ReLU). In eval mode (running
+statistics) batch norm is per sample: ``table_batched`` runs it per batch tile.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 
-from torch_nntile.backend.aten import check_live, register
+from torch_nntile.backend.aten import check_live, ew, register
 from torch_nntile.backend.device import new_tensor, read, write
 from torch_nntile.ops import batch_norm as bn
 from torch_nntile.ops.base import NotNative
+from torch_nntile.ops.views import reshape
 
 
 def _check(x: torch.Tensor, *others: torch.Tensor | None) -> None:
@@ -33,16 +34,15 @@ def _batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     check_live()
     _check(input, weight, bias, running_mean, running_var)
     track = running_mean is not None and running_var is not None
-    stats = bn.batch_norm_stats(read(input), read(running_mean) if track else None,
-                                read(running_var) if track else None, momentum, eps)
+    stats = bn.batch_norm_stats(read(input), _opt(weight), _opt(bias), _opt(running_mean) if track else None,
+                                _opt(running_var) if track else None, momentum, eps)
     if track:
-        write(running_mean, stats[2])
-        write(running_var, stats[3])
-    mean, invstd = new_tensor(stats[0]), new_tensor(stats[1])
+        write(running_mean, stats[4])
+        write(running_var, stats[5])
     shape = _channels(input)
-    scale = invstd if weight is None else invstd * weight
-    out = (input - mean.view(shape)) * scale.view(shape)
-    return (out + bias.view(shape) if bias is not None else out), mean, invstd
+    alpha, beta = (reshape(n, shape) for n in stats[2:4])
+    out = ew("native_batch_norm", bn.bn_apply_out, [input, new_tensor(alpha), new_tensor(beta)], input.dtype)
+    return new_tensor(out), new_tensor(stats[0]), new_tensor(stats[1])
 
 
 def _batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None,
@@ -55,21 +55,24 @@ def _batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: to
         raise NotNative("eval mode: per batch tile")
     check_live()
     _check(input, weight, save_mean, save_invstd)
-    sum_g, sum_gx = (new_tensor(n) for n in bn.batch_norm_sums(read(grad_out), read(input), read(save_mean),
-                                                                 read(save_invstd), eps))
+    mean = read(save_mean)
+    sum_g, sum_gx, *coef = bn.batch_norm_sums(read(grad_out), read(input), mean, read(save_invstd), _opt(weight), eps)
     grad_input = None
     if output_mask[0]:
-        shape, n = _channels(input), input.numel() // max(input.shape[1], 1)
-        scale = save_invstd if weight is None else save_invstd * weight
-        k = sum_gx * save_invstd / n
-        grad_input = (grad_out - (sum_g / n).view(shape) - (input - save_mean.view(shape)) * k.view(shape)) \
-            * scale.view(shape)
-    return grad_input, sum_gx if output_mask[1] else None, sum_g if output_mask[2] else None
+        shape = _channels(input)
+        per_channel = [new_tensor(reshape(n, shape)) for n in (mean, *coef)]
+        grad_input = new_tensor(ew("native_batch_norm_backward", bn.bn_grad_out, [grad_out, input, *per_channel],
+                                   input.dtype))
+    return (grad_input, new_tensor(sum_gx) if output_mask[1] else None, new_tensor(sum_g) if output_mask[2] else None)
 
 
-def _channels(x: torch.Tensor) -> list[int]:
+def _opt(t: torch.Tensor | None) -> Any:
+    return read(t) if t is not None else None
+
+
+def _channels(x: torch.Tensor) -> tuple[int, ...]:
     """The shape a per-channel value broadcasts in against ``x``."""
-    return [1, x.shape[1]] + [1] * (x.dim() - 2)
+    return (1, x.shape[1]) + (1,) * (x.dim() - 2)
 
 
 register("native_batch_norm", _batch_norm)
