@@ -82,6 +82,28 @@ def mm_rate(probe: Callable[[], float], reps: int = BEST_OF) -> float:
     return max(probe() for _ in range(reps))
 
 
+def classifier_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                    capture: bool) -> Step:
+    """One training step on ``(x, y)`` as a callable returning the loss: cross-entropy,
+    backward, ``opt``'s update; ``capture``: replayed with ``torch_nntile.capture``. On
+    nntile the ``.item()`` flushes and waits for the loss only."""
+
+    def train(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    if capture:
+        import torch_nntile
+
+        fn = torch_nntile.capture(train)
+    else:
+        fn = train
+    return lambda: fn(x, y).item()
+
+
 def timed_block(step: Step, n: int, on_nntile: bool) -> float:
     """Seconds per step over ``n`` consecutive steps, all their work finished: on nntile
     ``loss.item()`` returns before the step's backward and update are done."""
@@ -113,7 +135,14 @@ def alternate(cpu_step: Step, dev_step: Step, steps: int, block: int,
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
-    """Options of both benchmarks for the floor and the memory figures."""
+    """Options every step benchmark has: warm-up, StarPU's workers and scheduler, the
+    nntile reports, capture, and those of the floor and the memory figures."""
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--ncpu", type=int, default=2)
+    ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
+    ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
+    ap.add_argument("--capture", action="store_true",
+                    help="replay the nntile step with torch_nntile.capture (recorded in the warm-up steps)")
     ap.add_argument("--mm-size", type=int, default=2048, help="size of the square torch.mm that measures the floor's rate")
     ap.add_argument("--rss-steps", type=int, default=3,
                     help="steps after warm-up in each side's own process for the peak RSS (0: skip it)")

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from _common import (
     add_common_args,
     alternate,
+    classifier_step,
     mm_probe,
     mm_rate,
     peak_rss,
@@ -121,42 +122,23 @@ def make_side(device: str, args: argparse.Namespace):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(args.batch, 3, args.image, args.image, generator=gen).to(device)
     y = torch.randint(0, args.classes, (args.batch,), generator=gen).to(device)
-    captured = args.capture and device == "nntile"
     if device == "nntile":
         torch_nntile.set_axis_group_name(x, {0: "batch"})
         torch_nntile.set_axis_group_tiling("batch", args.tile)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def train(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    fn = torch_nntile.capture(train) if captured else train
-
-    def step() -> float:
-        return fn(x, y).item()  # on nntile this flushes and waits for the loss
-
-    return model, step
+    return model, classifier_step(model, opt, x, y, args.capture and device == "nntile")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per side (a step takes about a second)")
     ap.add_argument("--block", type=int, default=2, help="consecutive steps timed together")
-    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--image", type=int, default=64, help="height and width of the images, a multiple of 8")
     ap.add_argument("--width", type=int, default=16, help="channels of the stem and the first block")
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--tile", type=int, default=16, help="batch tile size on nntile")
-    ap.add_argument("--ncpu", type=int, default=2)
-    ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
     ap.add_argument("--cpu-fallback", action="store_true", help="run the ops nntile cannot record on the CPU")
-    ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
-    ap.add_argument("--capture", action="store_true", help="replay the nntile step with torch_nntile.capture")
     add_common_args(ap)
     args = ap.parse_args()
     for name in ("steps", "block", "warmup", "batch", "width", "classes", "tile", "ncpu"):

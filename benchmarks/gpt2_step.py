@@ -170,15 +170,10 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(PRESETS), default="small", help="model preset (default small)")
     ap.add_argument("--steps", type=int, help="timed steps per side, at least 10 (default: the preset's)")
     ap.add_argument("--block", type=int, default=2, help="consecutive steps timed together")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--ncpu", type=int, default=2)
-    ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
     ap.add_argument("--cpu-fallback", action="store_true", help="run the ops nntile lacks on the CPU")
     for group, extent in (("batch", "8"), ("seq", "64 small, 256 medium"), ("hidden", "128 small, 512 medium"),
                           ("vocab", "1000 small, 8192 medium")):
         ap.add_argument(f"--tile-{group}", help=f"tile size(s) of the {group} axis group (extent {extent}), or none")
-    ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
-    ap.add_argument("--capture", action="store_true", help="replay the nntile step with torch_nntile.capture")
     ap.add_argument("--fused", action="store_true", help="AdamW(fused=True) on both sides")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="HF attention implementation")
     ap.add_argument("--seq", type=int, help="sequence length (default: the preset's)")

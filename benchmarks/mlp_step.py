@@ -26,10 +26,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from _common import (
     add_common_args,
     alternate,
+    classifier_step,
     mm_probe,
     mm_rate,
     peak_rss,
@@ -62,34 +62,15 @@ def make_side(device: str, args: argparse.Namespace):
         torch_nntile.set_axis_group_name(x, {0: "batch"})
         torch_nntile.set_axis_group_tiling("batch", args.tile)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def train(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    fn = torch_nntile.capture(train) if args.capture and device == "nntile" else train
-
-    def step() -> float:
-        return fn(x, y).item()  # on nntile this flushes and waits for the loss
-
-    return model, step
+    return model, classifier_step(model, opt, x, y, args.capture and device == "nntile")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=50, help="timed steps per side")
     ap.add_argument("--block", type=int, default=5, help="consecutive steps timed together")
-    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--tile", type=int, default=256, help="batch tile size on nntile")
-    ap.add_argument("--ncpu", type=int, default=2)
-    ap.add_argument("--scheduler", default=None, help="StarPU scheduler (default lws)")
-    ap.add_argument("--report", action="store_true", help="print phase timings and kernel metrics of the nntile steps")
-    ap.add_argument("--capture", action="store_true",
-                    help="replay the nntile step with torch_nntile.capture (recorded in the warm-up steps)")
     ap.add_argument("--trace", metavar="PATH", help="write a Chrome trace of one extra nntile step")
     add_common_args(ap)
     args = ap.parse_args()
