@@ -259,6 +259,11 @@ _CONJ = Kernel(call_out, torch.conj_physical, (), (TILE,))
 _NEG = Kernel(call_out, torch.neg, (), (TILE,))
 
 
+def read_opt(t: torch.Tensor | None) -> DataNode | None:
+    """``read`` of an optional argument (a norm's weight or bias)."""
+    return read(t) if t is not None else None
+
+
 def read_transposable(t: torch.Tensor) -> tuple[DataNode, bool]:
     """For matmul operands: a 2-D tensor that is the transpose of its whole base, or
     of a 2-D reshape of it (``x.view(-1, n).t()``, a weight gradient's input), is read

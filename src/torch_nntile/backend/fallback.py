@@ -129,10 +129,6 @@ _CPU_FORM: dict[str, Any] = {
 }
 
 
-# Arguments CPU kernels update in place that their schema does not mark as written.
-_UNMARKED_WRITES = {"aten::native_batch_norm": ("running_mean", "running_var")}
-
-
 def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
     """Gather the inputs, run ``op`` on the CPU, move results and mutations back."""
     originals: dict[int, torch.Tensor] = {}
@@ -152,7 +148,7 @@ def _run_on_cpu(op: Any, args: tuple, kwargs: dict) -> Any:
         cpu_kwargs["device"] = torch.device("cpu")  # a factory: made on the CPU, then moved in
     result = _CPU_FORM.get(op_name(op), op)(*cpu_args, **cpu_kwargs)
     flat = list(cpu_args) + list(cpu_kwargs.values())
-    unmarked = _UNMARKED_WRITES.get(op_name(op), ())
+    unmarked = untiled.UNMARKED_WRITES.get(op_name(op), ())
     for arg, value in zip(op._schema.arguments, flat if not cpu_kwargs else _by_schema(op, cpu_args, cpu_kwargs)):
         if (arg.alias_info is None or not arg.alias_info.is_write) and arg.name not in unmarked:
             continue

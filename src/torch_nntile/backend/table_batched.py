@@ -89,12 +89,12 @@ def by_name(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str,
     return out
 
 
-def split_of(op: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Split | None:
-    """The row for this call of ``op`` (``name`` without its overload), if it applies."""
+def split_of(name: str, named: dict[str, Any]) -> Split | None:
+    """The row for a call of ``name`` (without its overload) with the arguments
+    ``named`` (``by_name``), if it applies."""
     row = SPLITS.get(name)
     if row is None:
         return None
-    named = by_name(op, args, kwargs)
     lead = next((named[n] for n in row.args if n in named), None)
     if lead is None or not lead.dim() or (row.rank is not None and lead.dim() != row.rank):
         return None

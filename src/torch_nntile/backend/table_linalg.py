@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from torch_nntile.backend.aten import Scalar, check_live, defop, forms, promote, register, type_name
-from torch_nntile.backend.device import DEVICE, new_tensor, read, read_transposable, resize_output, write
+from torch_nntile.backend.device import DEVICE, new_tensor, read, read_opt, read_transposable, resize_output, write
 from torch_nntile.graph.nodes import DataNode
 from torch_nntile.kernels import Kernel
 from torch_nntile.ops import linalg, loss, norm, reduce, softmax
@@ -372,14 +372,10 @@ def _log_softmax_bw(grad_output: torch.Tensor, output: torch.Tensor, dim: int, i
 # -- normalization -----------------------------------------------------------------
 
 
-def _opt(t: torch.Tensor | None) -> DataNode | None:
-    return read(t) if t is not None else None
-
-
 def _layer_norm(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None, bias: torch.Tensor | None,
                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_live()
-    outs = norm.layer_norm(read(input), tuple(normalized_shape), _opt(weight), _opt(bias), eps)
+    outs = norm.layer_norm(read(input), tuple(normalized_shape), read_opt(weight), read_opt(bias), eps)
     return tuple(new_tensor(n) for n in outs)  # type: ignore[return-value]
 
 
@@ -388,7 +384,7 @@ def _layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, normalized
                          output_mask: Any) -> tuple[torch.Tensor | None, ...]:
     check_live()
     outs = norm.layer_norm_backward(read(grad_out), read(input), tuple(normalized_shape), read(mean), read(rstd),
-                                    _opt(weight), _opt(bias), tuple(output_mask))
+                                    read_opt(weight), read_opt(bias), tuple(output_mask))
     return tuple(new_tensor(n) if n is not None else None for n in outs)
 
 
@@ -405,7 +401,7 @@ def _nll(spatial: bool) -> None:
     def forward(self: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
                 ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         check_live()
-        out, tw = loss.nll_loss(read(self), read(target), _opt(weight), reduction, ignore_index, spatial)
+        out, tw = loss.nll_loss(read(self), read(target), read_opt(weight), reduction, ignore_index, spatial)
         return new_tensor(out), new_tensor(tw)
 
     register(f"{stem}_forward", forward)
@@ -413,7 +409,7 @@ def _nll(spatial: bool) -> None:
     @defop(f"{stem}_backward.default", inplace=False, out=False)
     def backward(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
                  reduction: int, ignore_index: int, total_weight: torch.Tensor) -> DataNode:
-        return loss.nll_loss_backward(read(grad_output), read(self), read(target), _opt(weight), reduction,
+        return loss.nll_loss_backward(read(grad_output), read(self), read(target), read_opt(weight), reduction,
                                       ignore_index, read(total_weight), spatial)
 
     forms(backward, out=f"{stem}_backward.grad_input")

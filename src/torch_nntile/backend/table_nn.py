@@ -11,16 +11,12 @@ from typing import Any
 import torch
 
 from torch_nntile.backend.aten import check_live, define, ew, promote
-from torch_nntile.backend.device import new_tensor, read
+from torch_nntile.backend.device import new_tensor, read, read_opt
 from torch_nntile.kernels import native
 from torch_nntile.ops import linalg, loss, norm, reduce
 from torch_nntile.ops.views import reshape
 
 _NONE, _MEAN = loss.NONE, loss.MEAN
-
-
-def _opt(t: torch.Tensor | None) -> Any:
-    return read(t) if t is not None else None
 
 
 def _out(node: Any) -> torch.Tensor | None:
@@ -116,7 +112,7 @@ def _rms_norm(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor
               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     check_live()
     _check_rms_dtype(x)
-    y, rstd = norm.rms_norm(read(x), tuple(normalized_shape), _opt(weight), eps)
+    y, rstd = norm.rms_norm(read(x), tuple(normalized_shape), read_opt(weight), eps)
     return new_tensor(y), new_tensor(rstd)
 
 
@@ -135,7 +131,7 @@ def _rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, normalized_shape: li
                        weight: torch.Tensor | None, output_mask: list[bool]
                        ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     check_live()
-    gx, gw = norm.rms_norm_backward(read(grad), read(x), tuple(normalized_shape), read(rstd), _opt(weight),
+    gx, gw = norm.rms_norm_backward(read(grad), read(x), tuple(normalized_shape), read(rstd), read_opt(weight),
                                     (bool(output_mask[0]), bool(output_mask[1])))
     return _out(gx), _out(gw)
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from torch_nntile.backend.aten import check_live, ew, register
-from torch_nntile.backend.device import new_tensor, read, write
+from torch_nntile.backend.device import new_tensor, read, read_opt, write
 from torch_nntile.ops import batch_norm as bn
 from torch_nntile.ops.base import NotNative
 from torch_nntile.ops.views import reshape
@@ -34,8 +34,8 @@ def _batch_norm(input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     check_live()
     _check(input, weight, bias, running_mean, running_var)
     track = running_mean is not None and running_var is not None
-    stats = bn.batch_norm_stats(read(input), _opt(weight), _opt(bias), _opt(running_mean) if track else None,
-                                _opt(running_var) if track else None, momentum, eps)
+    stats = bn.batch_norm_stats(read(input), read_opt(weight), read_opt(bias), read_opt(running_mean) if track else None,
+                                read_opt(running_var) if track else None, momentum, eps)
     if track:
         write(running_mean, stats[4])
         write(running_var, stats[5])
@@ -56,7 +56,7 @@ def _batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: to
     check_live()
     _check(input, weight, save_mean, save_invstd)
     mean = read(save_mean)
-    sum_g, sum_gx, *coef = bn.batch_norm_sums(read(grad_out), read(input), mean, read(save_invstd), _opt(weight), eps)
+    sum_g, sum_gx, *coef = bn.batch_norm_sums(read(grad_out), read(input), mean, read(save_invstd), read_opt(weight), eps)
     grad_input = None
     if output_mask[0]:
         shape = _channels(input)
@@ -64,10 +64,6 @@ def _batch_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: to
         grad_input = new_tensor(ew("native_batch_norm_backward", bn.bn_grad_out, [grad_out, input, *per_channel],
                                    input.dtype))
     return (grad_input, new_tensor(sum_gx) if output_mask[1] else None, new_tensor(sum_g) if output_mask[2] else None)
-
-
-def _opt(t: torch.Tensor | None) -> Any:
-    return read(t) if t is not None else None
 
 
 def _channels(x: torch.Tensor) -> tuple[int, ...]:

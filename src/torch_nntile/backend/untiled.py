@@ -18,6 +18,7 @@ saying why, and the host fallback takes the call (backend/fallback.py).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -108,13 +109,18 @@ def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...],
 _META_DIFFERS = {"aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
 # Batch norm without batch statistics (eval mode: the flag named here is False, or
 # always where None): CPU's saved mean and inverse deviation are empty, Meta's are not.
+# Arguments CPU kernels update in place that their schema does not mark as written:
+# the host fallback writes them back; an untiled task could not.
+UNMARKED_WRITES = {"aten::native_batch_norm": ("running_mean", "running_var")}
 _EVAL_EMPTY = {"aten::native_batch_norm": "training", "aten::_native_batch_norm_legit": "training",
                "aten::_native_batch_norm_legit_functional": "training",
                "aten::_native_batch_norm_legit_no_training": None}
 
 
+@functools.cache
 def _host_only(op: Any, name: str) -> HostOnly | None:
-    """Why ``op`` stays with the host whatever its arguments, or None."""
+    """Why ``op`` stays with the host whatever its arguments, or None (per op, once:
+    it reads only the schema and the tags)."""
     schema = op._schema
     if not schema.returns and not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return _NOT_TENSORS  # nothing to show for it
@@ -189,7 +195,7 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     if flag != "":
         if flag is None or not named[flag]:
             meta_res = (meta_res[0], meta_res[1].new_empty(0), meta_res[2].new_empty(0), *meta_res[3:])
-        elif name == "aten::native_batch_norm":
+        elif name in UNMARKED_WRITES:  # training: the running statistics change
             return _UNMARKED
     leaves = tree_flatten(meta_res)[0]
     if not all(r is None or isinstance(r, torch.Tensor) and r.device == _META for r in leaves):
@@ -230,10 +236,10 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     wrote = [metas[id(m)] for m, _ in written_meta]
     written = tuple(t.dtype if id(t) in out_only else index[id(t)] for t in wrote)
     outs = [(tuple(r.shape), r.dtype) for r in fresh] + [(tuple(m.shape), m.dtype) for m, _ in written_meta]
-    row = split_of(op, name.split(".")[0], args, kwargs)
+    row = split_of(name.split(".")[0], named)
     plan = None
     if row is not None and len(leaves) == len(op._schema.returns):
-        plan = _split_plan(op, row, args, kwargs, list(index), at, written, outs)
+        plan = _split_plan(op, row, named, list(index), at, written, outs)
     if plan is not None:
         split_in, summed = plan
         p_args, p_kw = _sized(op, row.sizes, p_args, p_kw)
@@ -293,7 +299,7 @@ def _written(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[tuple[tor
     return out
 
 
-def _split_plan(op: Any, row: Split, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[int],
+def _split_plan(op: Any, row: Split, named: dict[str, Any], inputs: list[int],
                 at: list[int], written: tuple[int | torch.dtype, ...],
                 outs: list[tuple[tuple[int, ...], torch.dtype]]) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
     """Which inputs (by the ids of their tensors, ``inputs``) and results carry the
@@ -301,39 +307,33 @@ def _split_plan(op: Any, row: Split, args: tuple[Any, ...], kwargs: dict[str, An
     argument both carries the batch and not, an argument written in place, a result
     whose dim 0 is not the batch. Results are the op's returns at positions ``at``, or
     its ``out=`` arguments in order."""
-    schema = op._schema
-    carry: set[int] = set()
+    carried: list[torch.Tensor] = []
     other: set[int] = set()
-    lead = None
-    for i, a in enumerate(schema.arguments):
-        v = kwargs[a.name] if a.name in kwargs else args[i] if i < len(args) else None
+    for a in op._schema.arguments:
         if a.is_out:
             continue
+        v = named.get(a.name)
         for t in v if isinstance(v, (list, tuple)) else [v]:
             if isinstance(t, torch.Tensor):
                 if a.name in row.args:
-                    carry.add(id(t))
-                    lead = t if lead is None else lead
+                    carried.append(t)
                 else:
                     other.add(id(t))
-    if lead is None or carry & other or any(type(w) is int for w in written):
+    carry = {id(t) for t in carried}
+    if not carried or carry & other or any(type(w) is int for w in written):
         return None
     if written and at:
         return None
-    batch = lead.shape[0]
+    batch = carried[0].shape[0]
     split_in = tuple(i in carry for i in inputs)
     returns = at if at else range(len(written))
     summed = tuple(k in row.sums for k in returns)
     for (shape, _), s in zip(outs, summed):
         if not s and (not shape or shape[0] != batch):
             return None
-    if any(t.shape[0] != batch for t in _tensors(args, kwargs) if id(t) in carry):
+    if any(not t.dim() or t.shape[0] != batch for t in carried):
         return None
     return split_in, summed
-
-
-def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    return [t for t in tree_flatten((list(args), kwargs))[0] if isinstance(t, torch.Tensor)]
 
 
 def _sized(op: Any, names: tuple[str, ...], p_args: tuple[Any, ...],
