@@ -235,3 +235,117 @@ def test_rope_in_c_forward_and_transpose(cos_batch, python_kernels):
     y = rope(xn, cos.to("nntile"), sin.to("nntile"))
     y.backward(g.to("nntile"))
     _assert_native(_tasks({"rope_fwd", "rope_bwd"}), native.ROPE)
+
+
+# -- max pooling and batch norm's per-tile sums --------------------------------------------
+
+POOL_ARGS = {
+    "2x2": {"kernel_size": 2},
+    "padded_strided": {"kernel_size": 3, "stride": 2, "padding": 1},
+    "dilated": {"kernel_size": 3, "stride": 1, "padding": 1, "dilation": 2},
+    "ceil_rect": {"kernel_size": (2, 3), "stride": (1, 2), "ceil_mode": True},
+}
+
+
+def _pool_input(fill: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Values that tell pooling kernels apart: NaNs (the last NaN of a window is taken),
+    windows of -inf only, ties (the first is taken)."""
+    gen = torch.Generator().manual_seed(5)
+    if fill == "ties":
+        return torch.randint(0, 2, shape, generator=gen).float()
+    x = torch.randn(shape, generator=gen)
+    if fill == "nan":
+        x[..., ::3, ::2] = float("nan")
+        x[..., 1::4, 1::3] = float("nan")
+    elif fill == "ninf":
+        x.fill_(float("-inf"))
+        x[..., 1::4, :] = 0
+    return x
+
+
+@pytest.mark.parametrize("fill", ["random", "nan", "ninf", "ties"])
+@pytest.mark.parametrize("args", list(POOL_ARGS))
+@pytest.mark.parametrize("shape", [(5, 3, 8, 9), (3, 7, 7)], ids=["batched", "unbatched"])
+def test_max_pool2d_in_c_is_cpus_to_the_bit(fill, args, shape):
+    """Values, indices and the input's gradient exactly as CPU's, the batch in uneven
+    tiles (per tile tasks) or one (the unbatched form, one task)."""
+    kw = POOL_ARGS[args]
+    x = _pool_input(fill, shape)
+    g = torch.randn(F.max_pool2d(x, **kw).shape, generator=torch.Generator().manual_seed(6))
+    xc = x.clone().requires_grad_()
+    want, want_i = F.max_pool2d(xc, return_indices=True, **kw)
+    want.backward(g)
+    xn = x.to("nntile")
+    if len(shape) == 4:
+        _tile(xn, {0: [3, 2]})
+    xn.requires_grad_()
+    got, got_i = F.max_pool2d(xn, return_indices=True, **kw)
+    got.backward(g.to("nntile"))
+    assert torch.equal(got_i.cpu(), want_i)
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad, rtol=0, atol=0, equal_nan=True)
+
+
+def test_max_pool2d_runs_in_c_and_other_dtypes_in_python():
+    x = _tile(torch.randn(4, 2, 6, 6).to("nntile"), {0: 2}).requires_grad_()
+    y = F.max_pool2d(x, 2)
+    y.backward(torch.ones(y.shape).to("nntile"))
+    tasks = _tasks({"aten::max_pool2d_with_indices.out", "aten::max_pool2d_with_indices_backward.grad_input"})
+    assert len(tasks) == 4
+    assert sorted(native.record(*t)[0][0] for t in tasks) == [native.MAX_POOL2D] * 2 + [native.MAX_POOL2D_GRAD] * 2
+    xd = torch.randn(4, 2, 6, 6, dtype=torch.float64)
+    y = F.max_pool2d(xd.to("nntile"), 2)
+    tasks = _tasks({"aten::max_pool2d_with_indices.out"})
+    assert tasks and all(native.record(*t) is None for t in tasks)
+    assert torch.equal(y.cpu(), F.max_pool2d(xd, 2))
+
+
+def test_max_pool2d_backward_with_an_index_out_of_range_fails_the_task():
+    """CPU's kernel does not check the indices it is given; the C kernel does (no write
+    outside the gradient's tile) and the error reaches the reader."""
+    x, g = torch.randn(1, 1, 4, 4), torch.randn(1, 1, 2, 2)
+    bad = torch.tensor([[[[0, 3], [8, 16]]]])
+    gi = torch.ops.aten.max_pool2d_with_indices_backward(g.to("nntile"), x.to("nntile"), [2, 2], [2, 2], [0, 0],
+                                                         [1, 1], False, bad.to("nntile"))
+    with pytest.raises(IndexError, match="index out of range"):
+        gi.cpu()
+    ok = torch.tensor([[[[0, 3], [8, 15]]]])
+    want = torch.ops.aten.max_pool2d_with_indices_backward(g, x, [2, 2], [2, 2], [0, 0], [1, 1], False, ok)
+    got = torch.ops.aten.max_pool2d_with_indices_backward(g.to("nntile"), x.to("nntile"), [2, 2], [2, 2], [0, 0],
+                                                          [1, 1], False, ok.to("nntile"))
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("tiles", [{0: [3, 2]}, {0: [2, 3], 1: [1, 3], 2: [4, 3]}], ids=["batch", "all_dims"])
+def test_batch_norm_tile_sums_in_c(tiles, python_kernels):
+    """Each tile's statistics and backward sums in C, as the Python kernels give them
+    (and CPU's batch norm), with the channels and spatial dims tiled too."""
+    gen = torch.Generator().manual_seed(7)
+    x, g = torch.randn(5, 4, 7, 3, generator=gen) * 3 + 2, torch.randn(5, 4, 7, 3, generator=gen)
+    bn = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5, generator=gen)
+        bn.bias.uniform_(-1, 1, generator=gen)
+    got = {}
+    for mode in ("c", "python"):
+        python_kernels(mode == "python")
+        bnn = nn.BatchNorm2d(4).to("nntile")
+        bnn.load_state_dict(bn.state_dict())
+        xn = _tile(x.to("nntile"), tiles).requires_grad_()
+        y = bnn(xn)
+        y.backward(g.to("nntile"))
+        got[mode] = [y.detach().cpu(), xn.grad.cpu(), bnn.weight.grad.cpu(), bnn.bias.grad.cpu(),
+                     bnn.running_var.cpu()]
+    python_kernels(False)
+    xc = x.clone().requires_grad_()
+    want = bn(xc)
+    want.backward(g)
+    for c, p, r in zip(got["c"], got["python"], (want.detach(), xc.grad, bn.weight.grad, bn.bias.grad, bn.running_var)):
+        assert_close(c, p, rtol=1e-5)
+        assert_close(c, r)
+    bnn = nn.BatchNorm2d(4).to("nntile")
+    xn = _tile(x.to("nntile"), {0: [3, 2]}).requires_grad_()
+    bnn(xn).backward(g.to("nntile"))
+    tasks = _tasks({"batch_norm_stats", "batch_norm_sums"})
+    kinds = [rec[0][0] for rec in (native.record(*t) for t in tasks) if rec is not None]
+    assert sorted(kinds) == [native.BN_STATS] * 2 + [native.BN_SUMS] * 2  # the combining tasks stay Python

@@ -76,22 +76,9 @@ for _up in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_
     SPLITS[f"aten::{_up}_backward"] = Split(("grad_output",), sizes=("input_size",))
 
 
-def by_name(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A call's arguments by their names in the schema, defaults filled in."""
-    out = {}
-    for i, a in enumerate(op._schema.arguments):
-        if a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif i < len(args):
-            out[a.name] = args[i]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-    return out
-
-
 def split_of(name: str, named: dict[str, Any]) -> Split | None:
     """The row for a call of ``name`` (without its overload) with the arguments
-    ``named`` (``by_name``), if it applies."""
+    ``named`` (``ops.base.by_name``), if it applies."""
     row = SPLITS.get(name)
     if row is None:
         return None

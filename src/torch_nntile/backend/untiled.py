@@ -27,10 +27,11 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch_nntile import stats
 from torch_nntile.backend.device import NNTILE, new_tensor, read, resize_output, write
 from torch_nntile.backend.meta_calls import meta_call
-from torch_nntile.backend.table_batched import Split, by_name, split_of
+from torch_nntile.backend.table_batched import Split, split_of
 from torch_nntile.backend.table_shapes import META_FORMS
-from torch_nntile.kernels import CpuScalar, Kernel, Slot
-from torch_nntile.ops.base import whole_op
+from torch_nntile.kernels import CpuScalar, Kernel, Slot, native
+from torch_nntile.ops import pooling
+from torch_nntile.ops.base import by_name, whole_op
 from torch_nntile.ops.batched import BATCH, batched_op
 
 _META = torch.device("meta")
@@ -102,6 +103,9 @@ def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...],
     for o, x in zip(outs[nfresh:], scratch):
         if o is not x:
             o.copy_(x)
+
+
+native.TYPED[run_untiled] = pooling.c_record  # the ops with a C kernel of their own run without Python
 
 
 # Ops whose Meta kernel gives other shapes than their CPU kernel (embedding_bag's

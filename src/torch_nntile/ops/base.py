@@ -90,6 +90,19 @@ def broadcast_axes(nodes: list[DataNode]) -> tuple[tuple[int, ...], tuple[AxisGr
     return tuple(shape), tuple(a if a is not None else new_group(s) for a, s in zip(axes, shape))
 
 
+def by_name(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by their names in the schema, defaults filled in."""
+    out = {}
+    for i, a in enumerate(op._schema.arguments):
+        if a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif i < len(args):
+            out[a.name] = args[i]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
 def wrap_dim(d: int, ndim: int) -> int:
     """A dim index in ``[0, ndim)``, as PyTorch wraps it (0-dim tensors take 0 and -1)."""
     n = max(ndim, 1)

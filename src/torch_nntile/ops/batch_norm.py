@@ -195,3 +195,23 @@ def batch_norm_sums(g: DataNode, x: DataNode, mean: DataNode, invstd: DataNode, 
     n = math.prod(s for d, s in enumerate(x.shape) if d != 1)
     ins = (g, x, mean, invstd) + ((w,) if w is not None else ())
     return record(SUMS, ins, (eps, n, w is not None), [(c, x.dtype, (ch,)) for _ in range(5)])
+
+
+def _tile_rows(x: tuple[int, ...]) -> list[int] | None:
+    """outer, c, inner of a tile ``[N, C, ...]`` (batch, channels, the rest)."""
+    ints = [x[0], x[1], native.numel(x[2:])] if len(x) >= 2 else None
+    return ints if ints is not None and native.fits_int32(*ints) else None
+
+
+def _stats_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    ints = _tile_rows(shapes[2])
+    return ([native.BN_STATS, *ints], ()) if ints is not None else None
+
+
+def _sums_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    ints = _tile_rows(shapes[3])
+    return ([native.BN_SUMS, *ints], ()) if ints is not None and shapes[2] == shapes[3] else None
+
+
+native.ROWS[bn_partial] = _stats_rows
+native.ROWS[bn_backward_partial] = _sums_rows

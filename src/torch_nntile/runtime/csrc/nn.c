@@ -10,9 +10,11 @@
 #pragma GCC optimize("fp-contract=off")
 #include "nn.h"
 #include "lanes.h"
+#include "rows.h"
 
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 /* torch's maximum: NaN of either operand kept */
 static inline __attribute__((always_inline)) float nan_max(float a, float b)
@@ -186,4 +188,159 @@ void tnt_nn_rope(const int32_t *p, void *const *bufs)
                     }
             }
         }
+}
+
+int tnt_nn_check(int kind, const int32_t *p, int nints, int nbuf)
+{
+    switch (kind) {
+    case TNT_ROWS_MAX_POOL2D:  /* sizes and padding never negative, the rest at least 1 */
+        if (nints != 13 || nbuf != 3)
+            return -1;
+        for (int i = 0; i < 13; i++)
+            if (p[i] < (i < 5 || i == 9 || i == 10 ? 0 : 1))
+                return -1;
+        return 0;
+    case TNT_ROWS_MAX_POOL2D_GRAD:
+    case TNT_ROWS_BN_STATS:
+    case TNT_ROWS_BN_SUMS: {
+        int want = kind == TNT_ROWS_MAX_POOL2D_GRAD ? 5 : 3;
+        if (nints != want || nbuf != (kind == TNT_ROWS_MAX_POOL2D_GRAD ? 4 : kind == TNT_ROWS_BN_STATS ? 3 : 6))
+            return -1;
+        for (int i = 0; i < want; i++)
+            if (p[i] < 0)
+                return -1;
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* take v (at position k) where it is greater than the maximum so far, or NaN */
+static inline __attribute__((always_inline)) void take_max(float v, int64_t k, float *m, int64_t *at)
+{
+    int t = v > *m || v != v;
+    *m = t ? v : *m;
+    *at = t ? k : *at;
+}
+
+/* max pool 2-d: planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw; buffers y, indices
+   (int64), x. Each window from its first in-range row and column (start at -inf),
+   read row by row; the common 2x2 windows of stride 2 without padding on their own. */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void tnt_nn_max_pool2d(const int32_t *p, void *const *bufs)
+{
+    int64_t planes = p[0], h = p[1], w = p[2], oh = p[3], ow = p[4];
+    int64_t kh = p[5], kw = p[6], sh = p[7], sw = p[8], ph = p[9], pw = p[10], dh = p[11], dw = p[12];
+    float *y = bufs[0];
+    int64_t *ind = bufs[1];
+    const float *x = bufs[2];
+    int pairs = kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && dh == 1 && dw == 1
+                && 2 * oh <= h && 2 * ow <= w;
+    for (int64_t c = 0; c < planes; c++) {
+        const float *xp = x + c * h * w;
+        float *yp = y + c * oh * ow;
+        int64_t *ip = ind + c * oh * ow;
+        for (int64_t i = 0; i < oh; i++) {
+            if (pairs) {
+                const float *r0 = xp + 2 * i * w, *r1 = r0 + w;
+                for (int64_t j = 0; j < ow; j++) {
+                    int64_t k = 2 * i * w + 2 * j;
+                    float m = r0[2 * j];  /* beats -inf or is NaN, else is -inf: taken either way */
+                    int64_t at = k;
+                    take_max(r0[2 * j + 1], k + 1, &m, &at);
+                    take_max(r1[2 * j], k + w, &m, &at);
+                    take_max(r1[2 * j + 1], k + w + 1, &m, &at);
+                    yp[i * ow + j] = m;
+                    ip[i * ow + j] = at;
+                }
+                continue;
+            }
+            int64_t i0 = i * sh - ph, i1 = i0 + (kh - 1) * dh + 1;
+            i1 = i1 < h ? i1 : h;
+            while (i0 < 0)
+                i0 += dh;
+            for (int64_t j = 0; j < ow; j++) {
+                int64_t j0 = j * sw - pw, j1 = j0 + (kw - 1) * dw + 1;
+                j1 = j1 < w ? j1 : w;
+                while (j0 < 0)
+                    j0 += dw;
+                float m = -INFINITY;
+                int64_t at = i0 * w + j0;
+                for (int64_t a = i0; a < i1; a += dh)
+                    for (int64_t b = j0; b < j1; b += dw)
+                        take_max(xp[a * w + b], a * w + b, &m, &at);
+                yp[i * ow + j] = m;
+                ip[i * ow + j] = at;
+            }
+        }
+    }
+}
+
+/* max pool 2-d gradient: planes, h, w, oh, ow; buffers gi, g, x (not read), indices */
+int tnt_nn_max_pool2d_grad(const int32_t *p, void *const *bufs, int64_t *bad)
+{
+    int64_t planes = p[0], hw = (int64_t)p[1] * p[2], ohw = (int64_t)p[3] * p[4];
+    float *gi = bufs[0];
+    const float *g = bufs[1];
+    const int64_t *ind = bufs[3];
+    memset(gi, 0, (size_t)(planes * hw) * sizeof(float));
+    for (int64_t c = 0; c < planes; c++)
+        for (int64_t o = 0; o < ohw; o++) {
+            int64_t k = ind[c * ohw + o];
+            if (k == -1)
+                continue;
+            if (k < 0 || k >= hw) {
+                bad[0] = k;
+                return TNT_ROWS_BAD_INDEX;
+            }
+            gi[c * hw + k] += g[c * ohw + o];
+        }
+    return TNT_ROWS_OK;
+}
+
+/* batch norm statistics of a tile: outer, c, inner; buffers mean[c], m2[c], x[outer, c, inner].
+   Two passes over each channel (its sum, then the squared deviations from its mean). */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void tnt_nn_bn_stats(const int32_t *p, void *const *bufs)
+{
+    int64_t outer = p[0], c = p[1], inner = p[2];
+    float *mean = bufs[0], *m2 = bufs[1];
+    const float *x = bufs[2];
+    double n = (double)outer * (double)inner;
+    for (int64_t ch = 0; ch < c; ch++) {
+        if (n == 0) {  /* as the mean and variance of nothing: NaN */
+            mean[ch] = m2[ch] = NAN;
+            continue;
+        }
+        double s = 0, d = 0;
+        for (int64_t b = 0; b < outer; b++)
+            s += sum8(x + (b * c + ch) * inner, inner);
+        float mu = (float)(s / n);
+        for (int64_t b = 0; b < outer; b++)
+            d += sqdev8(x + (b * c + ch) * inner, mu, inner);
+        mean[ch] = mu;
+        m2[ch] = (float)d;
+    }
+}
+
+/* batch norm backward sums of a tile: outer, c, inner; buffers sg[c], sgx[c], g, x, mean, invstd */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+void tnt_nn_bn_sums(const int32_t *p, void *const *bufs)
+{
+    int64_t outer = p[0], c = p[1], inner = p[2];
+    float *sg = bufs[0], *sgx = bufs[1];
+    const float *g = bufs[2], *x = bufs[3], *mean = bufs[4], *rs = bufs[5];
+    for (int64_t ch = 0; ch < c; ch++) {
+        double a = 0, t = 0;
+        for (int64_t b = 0; b < outer; b++) {
+            double a1, t1;
+            int64_t off = (b * c + ch) * inner;
+            gw_sums8(g + off, NULL, x + off, mean[ch], rs[ch], inner, &a1, &t1);
+            a += a1;
+            t += t1;
+        }
+        sg[ch] = (float)a;
+        sgx[ch] = (float)t;
+    }
 }

@@ -41,8 +41,10 @@ int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
     static const int nconsts[TNT_ROWS_NKINDS] = { 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 4, 7, 1, 0, 0 };
     if (kind == TNT_ROWS_INGRESS)  /* a box copy whose source (buffer 1 of the copy) is the data */
         return nconst == 1 ? tnt_typed_check(TNT_ROWS_COPY_BOXES, p, nints, nbuf + 1) : -1;
-    if (kind == TNT_ROWS_COPY_BOXES || (kind >= TNT_ROWS_MAP && kind < TNT_ROWS_NKINDS))
+    if (kind == TNT_ROWS_COPY_BOXES || (kind >= TNT_ROWS_MAP && kind <= TNT_ROWS_ISUM))
         return nconst == 0 ? tnt_typed_check(kind, p, nints, nbuf) : -1;
+    if (kind > TNT_ROWS_ISUM && kind < TNT_ROWS_NKINDS)
+        return nconst == 0 ? tnt_nn_check(kind, p, nints, nbuf) : -1;
     if (kind < TNT_ROWS_SOFTMAX || kind >= TNT_ROWS_NKINDS || nints != want[kind] || nconst != nconsts[kind])
         return -1;
     for (int i = 0; i < sizes[kind]; i++)
@@ -375,6 +377,10 @@ int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *
     case TNT_ROWS_RMS_NORM: tnt_nn_rms_norm(p, consts, bufs); break;
     case TNT_ROWS_RMS_NORM_GRAD: tnt_nn_rms_norm_grad(p, bufs); break;
     case TNT_ROWS_ROPE: tnt_nn_rope(p, bufs); break;
+    case TNT_ROWS_MAX_POOL2D: tnt_nn_max_pool2d(p, bufs); break;
+    case TNT_ROWS_MAX_POOL2D_GRAD: return tnt_nn_max_pool2d_grad(p, bufs, bad);
+    case TNT_ROWS_BN_STATS: tnt_nn_bn_stats(p, bufs); break;
+    case TNT_ROWS_BN_SUMS: tnt_nn_bn_sums(p, bufs); break;
     default: break;
     }
     return TNT_ROWS_OK;

@@ -79,8 +79,23 @@
                                buffers: o[outer, inner] (int64), x[outer, n, inner] (an integer or
                                bool type: the sums of PyTorch's integer sums, wrapping)
 
-   The kinds from TNT_ROWS_SGD to TNT_ROWS_ROPE are in nn.c; TNT_ROWS_COPY_BOXES and
-   those from TNT_ROWS_MAP on (TNT_ROWS_INGRESS as a box copy) in typed.c.
+     TNT_ROWS_MAX_POOL2D       planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw
+                               buffers: y[planes, oh, ow], indices (int64, alike), x[planes, h, w]
+                               (as PyTorch's CPU kernel: a window's first in-range position to
+                               start, a value taken where greater than the maximum so far or NaN)
+     TNT_ROWS_MAX_POOL2D_GRAD  planes, h, w, oh, ow
+                               buffers: gi[planes, h, w], g[planes, oh, ow], x (not read),
+                               indices (int64, as g): gi zero but g added at each index in
+                               order; -1 is skipped, one outside [0, h w) fails the task
+                               (TNT_ROWS_BAD_INDEX)
+     TNT_ROWS_BN_STATS         outer, c, inner              buffers: mean[c], m2[c], x[outer, c, inner]
+                               (per channel: the mean and the sum of squared deviations from it)
+     TNT_ROWS_BN_SUMS          outer, c, inner              buffers: sg[c], sgx[c], g, x (both
+                               [outer, c, inner]), mean[c], invstd[c]  (sums of g and of
+                               g (x - mean) invstd per channel)
+
+   The kinds from TNT_ROWS_SGD to TNT_ROWS_ROPE and from TNT_ROWS_MAX_POOL2D on are in nn.c; TNT_ROWS_COPY_BOXES and
+   those from TNT_ROWS_MAP to TNT_ROWS_ISUM (TNT_ROWS_INGRESS as a box copy) in typed.c.
 
    Tiles are float32 but for index and target tiles (int64, or int32 where index64 is
    0), the int64 output of TNT_ROWS_ARANGE, and the tiles of typed.c's kinds.
@@ -96,7 +111,8 @@ enum { TNT_ROWS_SOFTMAX = 1, TNT_ROWS_SOFTMAX_BACKWARD, TNT_ROWS_LAYER_NORM, TNT
        TNT_ROWS_COPY_BOXES, TNT_ROWS_SUM, TNT_ROWS_GATHER, TNT_ROWS_EMBEDDING_GRAD, TNT_ROWS_NLL,
        TNT_ROWS_NLL_WEIGHT, TNT_ROWS_NLL_GRAD, TNT_ROWS_ARANGE, TNT_ROWS_SGD, TNT_ROWS_ADAMW, TNT_ROWS_RMS_NORM,
        TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_MAP, TNT_ROWS_ANY, TNT_ROWS_INDEX,
-       TNT_ROWS_INGRESS, TNT_ROWS_INDEX_N, TNT_ROWS_ISUM, TNT_ROWS_NKINDS };
+       TNT_ROWS_INGRESS, TNT_ROWS_INDEX_N, TNT_ROWS_ISUM, TNT_ROWS_MAX_POOL2D,
+       TNT_ROWS_MAX_POOL2D_GRAD, TNT_ROWS_BN_STATS, TNT_ROWS_BN_SUMS, TNT_ROWS_NKINDS };
 
 /* Element types of TNT_ROWS_MAP operands and results. */
 enum { TNT_T_BOOL = 0, TNT_T_U8, TNT_T_I8, TNT_T_I16, TNT_T_I32, TNT_T_I64, TNT_T_F32, TNT_T_F64, TNT_T_NTYPES };
