@@ -24,7 +24,7 @@ def _backend_library() -> list[Extension]:
     return [Extension(
         "torch_nntile.backend._native",
         sources=["src/torch_nntile/backend/csrc/views.cpp", "src/torch_nntile/backend/csrc/device_guard.cpp",
-                 "src/torch_nntile/backend/csrc/hooks.cpp"],
+                 "src/torch_nntile/backend/csrc/hooks.cpp", "src/torch_nntile/backend/csrc/aten_calls.cpp"],
         include_dirs=cpp_extension.include_paths(),
         library_dirs=cpp_extension.library_paths(),
         libraries=["c10", "torch_cpu"],

@@ -12,6 +12,9 @@ from torch.testing import assert_close
 
 import torch_nntile
 from torch_nntile import stats
+from torch_nntile.backend.untiled import run_untiled
+from torch_nntile.kernels import native
+from torch_nntile.session import SESSION_STATE
 
 LAYOUTS = {"untiled": None, "uneven": [3, 2], "ones": 1}
 
@@ -71,16 +74,23 @@ def test_convolutions(name, tiling):
     _run(fn, [_t(*xs), _t(*ws), _t(*bs)], tiling)
 
 
-def test_convolution_runs_one_task_per_batch_tile(python_tasks):
+def test_convolution_runs_one_task_per_batch_tile():
+    """One call of PyTorch's CPU kernel per batch tile, forward and backward, each from
+    C++ on the worker (an ATEN record: no Python, no GIL)."""
     torch.manual_seed(0)
     x, w = torch.randn(6, 3, 8, 8).to("nntile"), torch.randn(4, 3, 3, 3).to("nntile").requires_grad_()
     torch_nntile.set_axis_group_name(x, {0: "batch"})
     torch_nntile.set_axis_group_tiling("batch", 2)
     y = F.conv2d(x, w)
     y.sum().backward()
+    torch_nntile.compile_graph()
+    calls = [t for t in SESSION_STATE.compiled.tasks if t[0].fn is run_untiled]
+    torch_nntile.run()
     y.cpu()
-    assert python_tasks.count("aten::convolution_overrideable") == 3
-    assert python_tasks.count("aten::convolution_backward_overrideable") == 3
+    names = [t[4] for t in calls]
+    assert names.count("aten::convolution_overrideable") == 3
+    assert names.count("aten::convolution_backward_overrideable") == 3
+    assert all(native.record(t[0], t[3])[0][0] == native.ATEN for t in calls)
     assert stats.BATCHED_CALLS["aten::convolution_overrideable"] >= 1
 
 

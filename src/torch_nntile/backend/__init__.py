@@ -4,6 +4,7 @@
 # the foreach ops last, over the per-tensor ops registered before them).
 from torch_nntile.backend import (  # noqa: F401, I001
     aten,
+    aten_calls,
     device,
     fallback,
     serialization,

@@ -92,7 +92,7 @@ class _BackendModule:
             return False
 
 
-def _native_library() -> str | None:
+def native_library() -> str | None:
     """The backend's C++ library beside this module, or None where it was not built (a
     build without torch, such as the wheel's)."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -106,7 +106,7 @@ def _register() -> bool:
     ``_setup_privateuseone_for_python_backend``, except that the hooks come from the C++
     library where it was built (PyTorch takes one hooks object per process, and only C++
     hooks can hand out pinned memory). Returns whether that library is loaded."""
-    lib = _native_library()
+    lib = native_library()
     if torch._C._get_privateuse1_backend_name() == DEVICE:  # this module imported again
         return lib is not None
     torch.utils.rename_privateuse1_backend(DEVICE)

@@ -18,10 +18,11 @@ import torch
 from torch.utils._pytree import tree_map
 
 from torch_nntile import stats
-from torch_nntile.backend import untiled
+from torch_nntile.backend import aten_calls, untiled
 from torch_nntile.backend.device import DEVICE, from_cpu, ingress, resize, to_cpu, write
 from torch_nntile.backend.sparse import route_to, sparse_to_cpu, write_sparse
 from torch_nntile.graph.nodes import SESSION
+from torch_nntile.ops.base import by_name
 from torch_nntile.session import SESSION_STATE
 
 _LIB = torch.library.Library("_", "IMPL")
@@ -91,9 +92,32 @@ def run_fallback(op: Any, args: tuple, kwargs: dict, case: str | None = None) ->
 def _conv_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride: Any,
                    padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int,
                    output_mask: Any) -> Any:
-    channels = weight.shape[1] * groups if transposed else weight.shape[0]
-    return torch.ops.aten.convolution_backward(grad_output, input, weight, [channels], stride, padding, dilation,
-                                               transposed, output_padding, groups, output_mask)
+    return _CONV_BACKWARD(*_conv_backward_args(grad_output, input, weight, stride, padding, dilation, transposed,
+                                               output_padding, groups, output_mask, weight_shape=weight.shape))
+
+
+_CONV_BACKWARD = torch.ops.aten.convolution_backward.default
+
+
+def _conv_backward_args(grad_output: Any, input: Any, weight: Any, stride: Any, padding: Any, dilation: Any,
+                        transposed: bool, output_padding: Any, groups: int, output_mask: Any,
+                        weight_shape: tuple[int, ...]) -> tuple[Any, ...]:
+    """``convolution_backward``'s arguments for the hook's: the bias's size (its output
+    channels) from the weight's shape."""
+    channels = weight_shape[1] * groups if transposed else weight_shape[0]
+    return (grad_output, input, weight, (channels,), stride, padding, dilation, transposed, output_padding, groups,
+            output_mask)
+
+
+def _conv_backward_call(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[tuple[int, ...], ...],
+                        nout: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A task's ``_conv_backward`` arguments (tiles as ``Slot``s of its buffers
+    ``shapes``, ``nout`` outputs first) as ``convolution_backward``'s."""
+    named = by_name(torch.ops.aten.convolution_backward_overrideable.default, args, kw)
+    return _conv_backward_args(**named, weight_shape=shapes[nout + named["weight"].i]), {}
+
+
+aten_calls.REWRITES[_conv_backward] = (_CONV_BACKWARD, _conv_backward_call)
 
 
 def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:

@@ -29,8 +29,7 @@ from torch_nntile.backend.device import NNTILE, new_tensor, read, resize_output,
 from torch_nntile.backend.meta_calls import meta_call
 from torch_nntile.backend.table_batched import Split, split_of
 from torch_nntile.backend.table_shapes import META_FORMS
-from torch_nntile.kernels import CpuScalar, Kernel, Slot, native
-from torch_nntile.ops import pooling
+from torch_nntile.kernels import CpuScalar, Kernel, Slot
 from torch_nntile.ops.base import by_name, whole_op
 from torch_nntile.ops.batched import BATCH, batched_op
 
@@ -104,8 +103,6 @@ def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...],
         if o is not x:
             o.copy_(x)
 
-
-native.TYPED[run_untiled] = pooling.c_record  # the ops with a C kernel of their own run without Python
 
 
 # Ops whose Meta kernel gives other shapes than their CPU kernel (embedding_bag's

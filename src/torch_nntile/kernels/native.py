@@ -474,15 +474,22 @@ def numel(shape: tuple[int, ...]) -> int:
 # csrc/rows.h kinds
 (SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD, COPY_BOXES, SUM, GATHER, EMBEDDING_GRAD, NLL, NLL_WEIGHT,
  NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE, MAP, ANY, INDEX, INGRESS, INDEX_N, ISUM, MAX_POOL2D,
- MAX_POOL2D_GRAD, BN_STATS, BN_SUMS) = range(1, 28)
+ MAX_POOL2D_GRAD, BN_STATS, BN_SUMS, ATEN) = range(1, 29)
 INDEX_DTYPES = (torch.int64, torch.int32)  # index tiles the C kernels read (1: int64, 0: int32)
-# what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU
-BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT, BAD_GATHER = 1, 2, 3, 4
+# what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU; ATEN_FAILED: an ATen op raised
+BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT, BAD_GATHER, ATEN_FAILED = 1, 2, 3, 4, 5
+ATEN_RUNNER = 0
+"""The address of the function that runs ``ATEN`` records (backend/csrc/aten_calls.cpp),
+set by the backend where its C++ library is built; the runtime hands it to the shim."""
+ATEN_ERROR: Callable[[], BaseException] | None = None
+"""The exception of the ATen op that last failed an ``ATEN`` task on the calling thread."""
 
 
 def input_error(code: int, value: int, dim: int = 0, size: int = 0) -> BaseException:
     """The exception PyTorch's CPU kernel raises where a C kernel reported ``code``
     (``dim`` and ``size``: those of an index out of bounds)."""
+    if code == ATEN_FAILED and ATEN_ERROR is not None:
+        return ATEN_ERROR()
     if code == BAD_TARGET:
         return IndexError(f"Target {value} is out of bounds.")
     if code == BAD_SUBSCRIPT:

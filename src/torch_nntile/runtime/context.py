@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from torch_nntile import stats
+from torch_nntile.kernels import native
 from torch_nntile.runtime import submission
 from torch_nntile.runtime.failures import Failure, TileMemoryError
 from torch_nntile.runtime.host import _find_blas, _warm_vector_math
@@ -76,6 +77,7 @@ class Runtime(TileMemory, Submission, Workers, Swap):
         # thread; otherwise they run as torch calls.
         blas = _find_blas()
         self.lib.tnt_set_blas(*blas[:3], int(submission._SKIP_KERNELS))
+        self.lib.tnt_set_aten(native.ATEN_RUNNER)  # ops with no tiled kernel, called from C++ (backend/aten_calls.py)
         # MKL's packed B is opaque and does not survive a move to disk and back (the
         # losses went wrong). Out of core, products pack nothing: tiles StarPU may not
         # move would sit outside the limit (a medium GPT-2's step packs 389 MiB). The

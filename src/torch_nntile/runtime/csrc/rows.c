@@ -10,6 +10,13 @@
 #include <stddef.h>
 #include <string.h>
 
+tnt_aten_run_t tnt_aten_run = NULL;
+
+void tnt_set_aten(uintptr_t run)
+{
+    tnt_aten_run = (tnt_aten_run_t)run;
+}
+
 static int nbuf_of(int kind, const int32_t *p)
 {
     switch (kind) {
@@ -43,6 +50,8 @@ int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
         return nconst == 1 ? tnt_typed_check(TNT_ROWS_COPY_BOXES, p, nints, nbuf + 1) : -1;
     if (kind == TNT_ROWS_COPY_BOXES || (kind >= TNT_ROWS_MAP && kind <= TNT_ROWS_ISUM))
         return nconst == 0 ? tnt_typed_check(kind, p, nints, nbuf) : -1;
+    if (kind == TNT_ROWS_ATEN)
+        return tnt_aten_run != NULL && nints == 1 && p[0] == nbuf && nconst == 1 ? 0 : -1;
     if (kind > TNT_ROWS_ISUM && kind < TNT_ROWS_NKINDS)
         return nconst == 0 ? tnt_nn_check(kind, p, nints, nbuf) : -1;
     if (kind < TNT_ROWS_SOFTMAX || kind >= TNT_ROWS_NKINDS || nints != want[kind] || nconst != nconsts[kind])
@@ -381,6 +390,8 @@ int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *
     case TNT_ROWS_MAX_POOL2D_GRAD: return tnt_nn_max_pool2d_grad(p, bufs, bad);
     case TNT_ROWS_BN_STATS: tnt_nn_bn_stats(p, bufs); break;
     case TNT_ROWS_BN_SUMS: tnt_nn_bn_sums(p, bufs); break;
+    case TNT_ROWS_ATEN:
+        return tnt_aten_run((const void *)(uintptr_t)consts[0], bufs, p[0]) ? TNT_ROWS_ATEN_FAILED : TNT_ROWS_OK;
     default: break;
     }
     return TNT_ROWS_OK;

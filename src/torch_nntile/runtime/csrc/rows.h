@@ -94,6 +94,11 @@
                                [outer, c, inner]), mean[c], invstd[c]  (sums of g and of
                                g (x - mean) invstd per channel)
 
+     TNT_ROWS_ATEN             nbuf; the one constant the address of a call of an ATen op prepared
+                               by the backend's C++ library (backend/csrc/aten_calls.cpp), which
+                               tnt_set_aten's function runs on the buffers (outputs first); one
+                               that raises fails the task (TNT_ROWS_ATEN_FAILED)
+
    The kinds from TNT_ROWS_SGD to TNT_ROWS_ROPE and from TNT_ROWS_MAX_POOL2D on are in nn.c; TNT_ROWS_COPY_BOXES and
    those from TNT_ROWS_MAP to TNT_ROWS_ISUM (TNT_ROWS_INGRESS as a box copy) in typed.c.
 
@@ -112,7 +117,8 @@ enum { TNT_ROWS_SOFTMAX = 1, TNT_ROWS_SOFTMAX_BACKWARD, TNT_ROWS_LAYER_NORM, TNT
        TNT_ROWS_NLL_WEIGHT, TNT_ROWS_NLL_GRAD, TNT_ROWS_ARANGE, TNT_ROWS_SGD, TNT_ROWS_ADAMW, TNT_ROWS_RMS_NORM,
        TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_MAP, TNT_ROWS_ANY, TNT_ROWS_INDEX,
        TNT_ROWS_INGRESS, TNT_ROWS_INDEX_N, TNT_ROWS_ISUM, TNT_ROWS_MAX_POOL2D,
-       TNT_ROWS_MAX_POOL2D_GRAD, TNT_ROWS_BN_STATS, TNT_ROWS_BN_SUMS, TNT_ROWS_NKINDS };
+       TNT_ROWS_MAX_POOL2D_GRAD, TNT_ROWS_BN_STATS, TNT_ROWS_BN_SUMS, TNT_ROWS_ATEN,
+       TNT_ROWS_NKINDS };
 
 /* Element types of TNT_ROWS_MAP operands and results. */
 enum { TNT_T_BOOL = 0, TNT_T_U8, TNT_T_I8, TNT_T_I16, TNT_T_I32, TNT_T_I64, TNT_T_F32, TNT_T_F64, TNT_T_NTYPES };
@@ -128,8 +134,14 @@ enum { TNT_MAP_EQ = 0, TNT_MAP_NE, TNT_MAP_LT, TNT_MAP_LE, TNT_MAP_GT, TNT_MAP_G
 /* What a kernel found wrong in its input values (the task fails with the matching
    Python exception, named in runtime/submission.py): an index out of range (of a lookup,
    of an index tile), a target out of bounds. bad[0] is the offending value; for
-   TNT_ROWS_BAD_SUBSCRIPT and TNT_ROWS_BAD_GATHER bad[1] and bad[2] are the dim and its size. */
-enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET, TNT_ROWS_BAD_SUBSCRIPT, TNT_ROWS_BAD_GATHER };
+   TNT_ROWS_BAD_SUBSCRIPT and TNT_ROWS_BAD_GATHER bad[1] and bad[2] are the dim and its size;
+   TNT_ROWS_ATEN_FAILED: the ATen op raised (its error stays with the worker's thread). */
+enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET, TNT_ROWS_BAD_SUBSCRIPT, TNT_ROWS_BAD_GATHER,
+       TNT_ROWS_ATEN_FAILED };
+
+/* The function that runs TNT_ROWS_ATEN's prepared calls (0: none, and the kind is refused). */
+typedef int (*tnt_aten_run_t)(const void *call, void *const *bufs, int nbuf);
+extern tnt_aten_run_t tnt_aten_run;
 
 /* 0 when ``p`` (``nints`` values after the kind) fits kind ``kind`` with ``nbuf`` buffers. */
 int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf);

@@ -47,6 +47,7 @@ void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local,
 void tnt_set_pack(uintptr_t pack_get_size, uintptr_t pack, uintptr_t compute);
 size_t tnt_pack_size(int m, int n, int k);
 int tnt_set_own_sgemm(int on);
+void tnt_set_aten(uintptr_t run);
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
                      int nhint, int32_t *hint, int trace, uint32_t where, int urgent_last, int *out);
