@@ -318,8 +318,9 @@ def test_max_pool2d_backward_with_an_index_out_of_range_fails_the_task():
 
 @pytest.mark.parametrize("tiles", [{0: [3, 2]}, {0: [2, 3], 1: [1, 3], 2: [4, 3]}], ids=["batch", "all_dims"])
 def test_batch_norm_tile_sums_in_c(tiles, python_kernels):
-    """Each tile's statistics and backward sums in C, as the Python kernels give them
-    (and CPU's batch norm), with the channels and spatial dims tiled too."""
+    """Each tile's statistics and backward sums in C, and their combination per channel
+    tile, as the Python kernels give them (and CPU's batch norm), with the channels and
+    spatial dims tiled too."""
     gen = torch.Generator().manual_seed(7)
     x, g = torch.randn(5, 4, 7, 3, generator=gen) * 3 + 2, torch.randn(5, 4, 7, 3, generator=gen)
     bn = nn.BatchNorm2d(4)
@@ -347,5 +348,5 @@ def test_batch_norm_tile_sums_in_c(tiles, python_kernels):
     xn = _tile(x.to("nntile"), {0: [3, 2]}).requires_grad_()
     bnn(xn).backward(g.to("nntile"))
     tasks = _tasks({"batch_norm_stats", "batch_norm_sums"})
-    kinds = [rec[0][0] for rec in (native.record(*t) for t in tasks) if rec is not None]
-    assert sorted(kinds) == [native.BN_STATS] * 2 + [native.BN_SUMS] * 2  # the combining tasks stay Python
+    kinds = [native.record(*t)[0][0] for t in tasks]
+    assert sorted(kinds) == sorted([native.BN_STATS] * 2 + [native.BN_SUMS] * 2 + [native.BN_COMBINE, native.BN_GRAD_COMBINE])

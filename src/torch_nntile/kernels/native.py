@@ -474,7 +474,7 @@ def numel(shape: tuple[int, ...]) -> int:
 # csrc/rows.h kinds
 (SOFTMAX, SOFTMAX_BACKWARD, LAYER_NORM, LAYER_NORM_GRAD, COPY_BOXES, SUM, GATHER, EMBEDDING_GRAD, NLL, NLL_WEIGHT,
  NLL_GRAD, ARANGE, SGD, ADAMW, RMS_NORM, RMS_NORM_GRAD, ROPE, MAP, ANY, INDEX, INGRESS, INDEX_N, ISUM, MAX_POOL2D,
- MAX_POOL2D_GRAD, BN_STATS, BN_SUMS, ATEN) = range(1, 29)
+ MAX_POOL2D_GRAD, BN_STATS, BN_SUMS, ATEN, BN_COMBINE, BN_GRAD_COMBINE) = range(1, 31)
 INDEX_DTYPES = (torch.int64, torch.int32)  # index tiles the C kernels read (1: int64, 0: int32)
 # what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU; ATEN_FAILED: an ATen op raised
 BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT, BAD_GATHER, ATEN_FAILED = 1, 2, 3, 4, 5

@@ -213,5 +213,19 @@ def _sums_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> 
     return ([native.BN_SUMS, *ints], ()) if ints is not None and shapes[2] == shapes[3] else None
 
 
+def _combine_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    eps, momentum, has_w, has_b, has_r, sizes = params
+    ints = [shapes[0][0], len(sizes), int(has_w), int(has_b), int(has_r), *sizes]
+    return ([native.BN_COMBINE, *ints], (eps, momentum)) if native.fits_int32(*ints) else None
+
+
+def _grad_combine_rows(params: tuple[Any, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[list[int], tuple] | None:
+    n, has_w = params
+    ints = [shapes[0][0], (len(shapes) - 6 - int(has_w)) // 2, int(has_w), n]
+    return ([native.BN_GRAD_COMBINE, *ints], ()) if native.fits_int32(*ints) else None
+
+
 native.ROWS[bn_partial] = _stats_rows
 native.ROWS[bn_backward_partial] = _sums_rows
+native.ROWS[bn_combine] = _combine_rows
+native.ROWS[bn_grad_combine] = _grad_combine_rows

@@ -211,6 +211,21 @@ int tnt_nn_check(int kind, const int32_t *p, int nints, int nbuf)
                 return -1;
         return 0;
     }
+    case TNT_ROWS_BN_COMBINE: {  /* c, k, has_w, has_b, has_r, sizes[k] */
+        if (nints < 5 || p[0] < 0 || p[1] < 1 || nints != 5 + p[1])
+            return -1;
+        for (int i = 2; i < 5; i++)
+            if (p[i] < 0 || p[i] > 1)
+                return -1;
+        for (int i = 0; i < p[1]; i++)
+            if (p[5 + i] < 0)
+                return -1;
+        return nbuf == 4 + 4 * p[4] + p[2] + p[3] + 2 * p[1] ? 0 : -1;
+    }
+    case TNT_ROWS_BN_GRAD_COMBINE:  /* c, k, has_w, n */
+        if (nints != 4 || p[0] < 0 || p[1] < 1 || p[2] < 0 || p[2] > 1 || p[3] < 0)
+            return -1;
+        return nbuf == 6 + p[2] + 2 * p[1] ? 0 : -1;
     default:
         return -1;
     }
@@ -222,6 +237,43 @@ static inline __attribute__((always_inline)) void take_max(float v, int64_t k, f
     int t = v > *m || v != v;
     *m = t ? v : *m;
     *at = t ? k : *at;
+}
+
+typedef int32_t tnt_mask8 __attribute__((vector_size(32)));
+
+/* take_max on eight windows at once: where v is greater than m or NaN, m becomes v and
+   the offset o becomes k (branch-free: random values made the branches of the scalar
+   code cost 10 ns an output) */
+#define TAKE8(v, k)                                                      \
+    do {                                                                 \
+        tnt_mask8 t_ = ((v) > m) | ((v) != (v));                         \
+        m = (tnt_lanes)(((tnt_mask8)(v) & t_) | ((tnt_mask8)m & ~t_));  \
+        o = ((k) & t_) | (o & ~t_);                                      \
+    } while (0)
+
+/* the 2x2 windows of stride 2 over rows r0 and r1 (w wide), outputs j0 <= j < ow of
+   output row i, eight at a time; returns where it stopped */
+static inline __attribute__((always_inline)) int64_t pool2x2_row8(const float *r0, const float *r1, int64_t w,
+                                                                 int64_t i, int64_t ow, float *yr, int64_t *ir)
+{
+    const tnt_mask8 even = { 0, 2, 4, 6, 8, 10, 12, 14 }, odd = even + 1;
+    int64_t j = 0;
+    for (; j + 8 <= ow; j += 8) {
+        tnt_lanes a0 = LANES_AT(r0 + 2 * j), a1 = LANES_AT(r0 + 2 * j + 8);
+        tnt_lanes b0 = LANES_AT(r1 + 2 * j), b1 = LANES_AT(r1 + 2 * j + 8);
+        tnt_lanes m = __builtin_shuffle(a0, a1, even);
+        tnt_mask8 o = { 0 };
+        tnt_lanes v = __builtin_shuffle(a0, a1, odd);
+        TAKE8(v, 1);
+        v = __builtin_shuffle(b0, b1, even);
+        TAKE8(v, (int32_t)w);
+        v = __builtin_shuffle(b0, b1, odd);
+        TAKE8(v, (int32_t)w + 1);
+        *(tnt_lanes_u *)(yr + j) = m;
+        for (int l = 0; l < 8; l++)
+            ir[j + l] = 2 * i * w + 2 * (j + l) + o[l];
+    }
+    return j;
 }
 
 /* max pool 2-d: planes, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw; buffers y, indices
@@ -244,7 +296,8 @@ void tnt_nn_max_pool2d(const int32_t *p, void *const *bufs)
         for (int64_t i = 0; i < oh; i++) {
             if (pairs) {
                 const float *r0 = xp + 2 * i * w, *r1 = r0 + w;
-                for (int64_t j = 0; j < ow; j++) {
+                for (int64_t j = w < INT32_MAX / 2 ? pool2x2_row8(r0, r1, w, i, ow, yp + i * ow, ip + i * ow) : 0;
+                     j < ow; j++) {
                     int64_t k = 2 * i * w + 2 * j;
                     float m = r0[2 * j];  /* beats -inf or is NaN, else is -inf: taken either way */
                     int64_t at = k;
@@ -342,5 +395,71 @@ void tnt_nn_bn_sums(const int32_t *p, void *const *bufs)
         }
         sg[ch] = (float)a;
         sgx[ch] = (float)t;
+    }
+}
+
+/* batch norm's statistics of a channel tile from its tiles' parts: c, k, has_w, has_b,
+   has_r, sizes[k]; consts eps, momentum; buffers as rows.h lists. The parts are combined
+   in double (Chan's formula), the rest in float as the Python kernel (ops/batch_norm.py). */
+void tnt_nn_bn_combine(const int32_t *p, const double *consts, void *const *bufs)
+{
+    int64_t c = p[0], k = p[1];
+    int has_w = p[2], has_b = p[3], has_r = p[4];
+    const int32_t *sizes = p + 5;
+    float eps = (float)consts[0], mom = (float)consts[1], keep = (float)(1.0 - consts[1]);
+    int at = 0;
+    float *m = bufs[at++], *r = bufs[at++], *alpha = bufs[at++], *beta = bufs[at++];
+    float *new_rm = has_r ? bufs[at++] : NULL, *new_rv = has_r ? bufs[at++] : NULL;
+    const float *w = has_w ? bufs[at++] : NULL, *b = has_b ? bufs[at++] : NULL;
+    const float *old_rm = has_r ? bufs[at++] : NULL, *old_rv = has_r ? bufs[at++] : NULL;
+    void *const *pm = bufs + at, *const *pm2 = bufs + at + k;
+    double n = 0;
+    for (int64_t i = 0; i < k; i++)
+        n += sizes[i];
+    float unbias = (float)(n / (n - 1 > 1 ? n - 1 : 1));
+    for (int64_t j = 0; j < c; j++) {
+        double s = 0, d = 0;
+        for (int64_t i = 0; i < k; i++)
+            s += sizes[i] * (double)((const float *)pm[i])[j];
+        double mean = s / n;
+        for (int64_t i = 0; i < k; i++) {
+            double dev = ((const float *)pm[i])[j] - mean;
+            d += ((const float *)pm2[i])[j] + sizes[i] * dev * dev;
+        }
+        float mu = (float)mean, var = (float)(d / n);
+        float rs = 1.0f / sqrtf(var + eps);
+        float a = has_w ? rs * w[j] : rs;
+        m[j] = mu;
+        r[j] = rs;
+        alpha[j] = a;
+        beta[j] = has_b ? b[j] - mu * a : -(mu * a);
+        if (has_r) {
+            new_rm[j] = old_rm[j] * keep + mu * mom;
+            new_rv[j] = old_rv[j] * keep + var * unbias * mom;
+        }
+    }
+}
+
+/* batch norm backward's sums of a channel tile from its tiles' parts, and the input
+   gradient's coefficients: c, k, has_w, n; buffers as rows.h lists */
+void tnt_nn_bn_grad_combine(const int32_t *p, void *const *bufs)
+{
+    int64_t c = p[0], k = p[1];
+    int has_w = p[2];
+    float n = (float)p[3];
+    float *sg = bufs[0], *sgx = bufs[1], *c0 = bufs[2], *kk = bufs[3], *a = bufs[4];
+    const float *rs = bufs[5], *w = has_w ? bufs[6] : NULL;
+    void *const *parts = bufs + 6 + has_w;
+    for (int64_t j = 0; j < c; j++) {
+        double s = 0, t = 0;
+        for (int64_t i = 0; i < k; i++) {
+            s += ((const float *)parts[i])[j];
+            t += ((const float *)parts[k + i])[j];
+        }
+        sg[j] = (float)s;
+        sgx[j] = (float)t;
+        c0[j] = sg[j] / n;
+        kk[j] = sgx[j] * rs[j] / n;
+        a[j] = has_w ? rs[j] * w[j] : rs[j];
     }
 }

@@ -17,5 +17,7 @@ void tnt_nn_max_pool2d(const int32_t *p, void *const *bufs);
 int tnt_nn_max_pool2d_grad(const int32_t *p, void *const *bufs, int64_t *bad);
 void tnt_nn_bn_stats(const int32_t *p, void *const *bufs);
 void tnt_nn_bn_sums(const int32_t *p, void *const *bufs);
+void tnt_nn_bn_combine(const int32_t *p, const double *consts, void *const *bufs);
+void tnt_nn_bn_grad_combine(const int32_t *p, void *const *bufs);
 
 #endif

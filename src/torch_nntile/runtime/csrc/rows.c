@@ -53,7 +53,7 @@ int tnt_rows_check(int kind, const int32_t *p, int nints, int nconst, int nbuf)
     if (kind == TNT_ROWS_ATEN)
         return tnt_aten_run != NULL && nints == 1 && p[0] == nbuf && nconst == 1 ? 0 : -1;
     if (kind > TNT_ROWS_ISUM && kind < TNT_ROWS_NKINDS)
-        return nconst == 0 ? tnt_nn_check(kind, p, nints, nbuf) : -1;
+        return nconst == (kind == TNT_ROWS_BN_COMBINE ? 2 : 0) ? tnt_nn_check(kind, p, nints, nbuf) : -1;
     if (kind < TNT_ROWS_SOFTMAX || kind >= TNT_ROWS_NKINDS || nints != want[kind] || nconst != nconsts[kind])
         return -1;
     for (int i = 0; i < sizes[kind]; i++)
@@ -390,6 +390,8 @@ int tnt_rows_run(int kind, const int32_t *p, const double *consts, void *const *
     case TNT_ROWS_MAX_POOL2D_GRAD: return tnt_nn_max_pool2d_grad(p, bufs, bad);
     case TNT_ROWS_BN_STATS: tnt_nn_bn_stats(p, bufs); break;
     case TNT_ROWS_BN_SUMS: tnt_nn_bn_sums(p, bufs); break;
+    case TNT_ROWS_BN_COMBINE: tnt_nn_bn_combine(p, consts, bufs); break;
+    case TNT_ROWS_BN_GRAD_COMBINE: tnt_nn_bn_grad_combine(p, bufs); break;
     case TNT_ROWS_ATEN:
         return tnt_aten_run((const void *)(uintptr_t)consts[0], bufs, p[0]) ? TNT_ROWS_ATEN_FAILED : TNT_ROWS_OK;
     default: break;

@@ -94,6 +94,14 @@
                                [outer, c, inner]), mean[c], invstd[c]  (sums of g and of
                                g (x - mean) invstd per channel)
 
+     TNT_ROWS_BN_COMBINE       c, k, has_w, has_b, has_r, sizes[k]
+                               buffers: mean, invstd, alpha, beta, [new running mean, var], [w], [b],
+                               [running mean, var], k partial means, k partial m2 (all [c]); eps,
+                               momentum  (the parts' statistics combined (Chan), the normalisation's
+                               x * alpha + beta, the running statistics updated, the variance unbiased)
+     TNT_ROWS_BN_GRAD_COMBINE  c, k, has_w, n             buffers: sg, sgx, c0, kk, a, invstd, [w],
+                               k partial sg, k partial sgx (all [c])  (the sums over the parts, and
+                               the input gradient's coefficients sg / n, sgx invstd / n, invstd w)
      TNT_ROWS_ATEN             nbuf; the one constant the address of a call of an ATen op prepared
                                by the backend's C++ library (backend/csrc/aten_calls.cpp), which
                                tnt_set_aten's function runs on the buffers (outputs first); one
@@ -118,7 +126,7 @@ enum { TNT_ROWS_SOFTMAX = 1, TNT_ROWS_SOFTMAX_BACKWARD, TNT_ROWS_LAYER_NORM, TNT
        TNT_ROWS_RMS_NORM_GRAD, TNT_ROWS_ROPE, TNT_ROWS_MAP, TNT_ROWS_ANY, TNT_ROWS_INDEX,
        TNT_ROWS_INGRESS, TNT_ROWS_INDEX_N, TNT_ROWS_ISUM, TNT_ROWS_MAX_POOL2D,
        TNT_ROWS_MAX_POOL2D_GRAD, TNT_ROWS_BN_STATS, TNT_ROWS_BN_SUMS, TNT_ROWS_ATEN,
-       TNT_ROWS_NKINDS };
+       TNT_ROWS_BN_COMBINE, TNT_ROWS_BN_GRAD_COMBINE, TNT_ROWS_NKINDS };
 
 /* Element types of TNT_ROWS_MAP operands and results. */
 enum { TNT_T_BOOL = 0, TNT_T_U8, TNT_T_I8, TNT_T_I16, TNT_T_I32, TNT_T_I64, TNT_T_F32, TNT_T_F64, TNT_T_NTYPES };
