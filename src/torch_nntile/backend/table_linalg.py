@@ -10,7 +10,7 @@ from torch_nntile.backend.aten import Scalar, check_live, defop, forms, promote,
 from torch_nntile.backend.device import DEVICE, new_tensor, read, read_opt, read_transposable, resize_output, write
 from torch_nntile.graph.nodes import DataNode
 from torch_nntile.kernels import Kernel
-from torch_nntile.ops import linalg, loss, norm, reduce, softmax
+from torch_nntile.ops import linalg, loss, norm, reduce, softmax, vector_norm
 from torch_nntile.ops.base import NotNative, map_op, wrap_dim
 from torch_nntile.ops.views import reshape
 
@@ -336,7 +336,7 @@ _moments_mean(True)
 @defop("linalg_vector_norm.default", inplace=False)
 def _vector_norm(self: torch.Tensor, ord: Scalar = 2, dim: Any = None, keepdim: bool = False, *,
                  dtype: torch.dtype | None = None) -> DataNode:
-    return reduce.vector_norm(_real(self, "linalg_vector_norm"), float(ord), _dims(dim), keepdim, dtype)
+    return vector_norm.vector_norm(_real(self, "linalg_vector_norm"), float(ord), _dims(dim), keepdim, dtype)
 
 
 # -- softmax ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 from torch_nntile.backend.aten import check_live, define, ew, promote
 from torch_nntile.backend.device import new_tensor, read, read_opt
 from torch_nntile.kernels import native
-from torch_nntile.ops import linalg, loss, norm, reduce
+from torch_nntile.ops import linalg, loss, norm, reduce, vector_norm
 from torch_nntile.ops.views import reshape
 
 _NONE, _MEAN = loss.NONE, loss.MEAN
@@ -192,15 +192,15 @@ cross_entropy_backward = define("cross_entropy_backward(Tensor grad, Tensor logi
 def _vector_norm_backward_cpu(grad: torch.Tensor, x: torch.Tensor, norm_: torch.Tensor, ord: float, dim: list[int],
                               keepdim: bool) -> torch.Tensor:
     dims = reduce.norm_dims(tuple(dim), x.dim())
-    g, n = reduce.keep_reduced(dims, keepdim, grad), reduce.keep_reduced(dims, keepdim, norm_)
-    count = reduce.vnorm_at_norm(dims, True, x, n) if math.isinf(ord) else None
-    return reduce.vnorm_grad(ord, g, x, n, count).to(x.dtype)
+    g, n = vector_norm.keep_reduced(dims, keepdim, grad), vector_norm.keep_reduced(dims, keepdim, norm_)
+    count = vector_norm.vnorm_at_norm(dims, True, x, n) if math.isinf(ord) else None
+    return vector_norm.vnorm_grad(ord, g, x, n, count).to(x.dtype)
 
 
 def _vector_norm_backward(grad: torch.Tensor, x: torch.Tensor, norm_: torch.Tensor, ord: float, dim: list[int],
                           keepdim: bool) -> torch.Tensor:
     check_live()
-    return new_tensor(reduce.vector_norm_backward(read(grad), read(x), read(norm_), ord, tuple(dim), keepdim))
+    return new_tensor(vector_norm.vector_norm_backward(read(grad), read(x), read(norm_), ord, tuple(dim), keepdim))
 
 
 vector_norm_backward = define("vector_norm_backward(Tensor grad, Tensor x, Tensor norm, float ord, int[] dim, "
