@@ -409,7 +409,7 @@ def write_doc(path: str, outcomes: Iterable[Outcome]) -> None:
         lines.append(f"| `{a}` | {reasons[a]} | {', '.join(ents[:6])}{' ...' if len(ents) > 6 else ''} |")
     lines += ["", "## ATen ops with tiled kernels", "", "| ATen overload |", "|---|"]
     lines += [f"| `aten::{n}` |" for n in sorted(REGISTERED)]
-    lines += ["", "## ATen ops run by PyTorch's CPU kernel per batch tile", "",
+    lines += ["", "## ATen ops run by PyTorch's CPU kernel per tile", "",
               "Where the call has a batch (dim 0 of its input) to split; otherwise one untiled task.", "",
               "| ATen op |", "|---|"]
     lines += [f"| `{n}` |" for n in sorted(SPLITS)]

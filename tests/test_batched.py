@@ -246,3 +246,82 @@ def test_other_dims_tiled_are_gathered():
     retiled = torch_nntile.metrics()["retiles"]
     assert any(op.startswith("aten::convolution_overrideable") for op in retiled), retiled
     assert stats.UNTILED_CALLS == {} and stats.FALLBACK_CALLS == {}
+
+
+PLANE_OPS = {
+    "max_pool2d": lambda x: F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True),
+    "avg_pool2d": lambda x: F.avg_pool2d(x, 2, ceil_mode=True),
+    "adaptive_max_pool2d": lambda x: F.adaptive_max_pool2d(x, (2, 3), return_indices=True),
+    "upsample_bilinear": lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+    "upsample_nearest": lambda x: F.interpolate(x, size=(5, 7), mode="nearest"),
+    "replication_pad": lambda x: F.pad(x, (1, 2, 0, 1), mode="replicate"),
+}
+
+
+@pytest.mark.parametrize("name", list(PLANE_OPS))
+def test_plane_ops_split_along_batch_and_channels(name):
+    """Pooling, upsampling and padding map over planes: with the batch and the channels
+    in uneven tiles, one task per (batch, channel) tile, nothing re-tiled for them, and
+    CPU's values and gradients (an upsampling's backward gets its tile's input size)."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, 6, 8, requires_grad=True)
+    xn = x.detach().to("nntile")
+    torch_nntile.set_axis_group_name(xn, {0: "b", 1: "c"})
+    torch_nntile.set_axis_group_tiling("b", [3, 2])
+    torch_nntile.set_axis_group_tiling("c", [1, 3])
+    xn.requires_grad_()
+    torch_nntile.reset_info()
+    want, got = PLANE_OPS[name](x), PLANE_OPS[name](xn)
+    want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    g = torch.randn(want[0].shape)
+    want[0].backward(g)
+    gn = g.to("nntile")
+    torch_nntile.set_axis_group_name(gn, {0: "b", 1: "c"})  # as a gradient from tiled ops would be
+    got[0].backward(gn)
+    torch_nntile.compile_graph()
+    calls = [t for t in SESSION_STATE.compiled.tasks if t[0].fn is run_untiled]
+    torch_nntile.run()
+    for a, b in zip(got, want):
+        assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-5)
+    assert_close(xn.grad.cpu(), x.grad, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 8  # 2 x 2 tiles, forward and backward
+    assert not torch_nntile.metrics()["retiles"], torch_nntile.metrics()["retiles"]
+    assert stats.UNTILED_CALLS == {} and stats.FALLBACK_CALLS == {}
+
+
+SELECTS = {
+    "sort": lambda x: torch.sort(x, dim=2, descending=True),
+    "topk": lambda x: torch.topk(x, 3, dim=-2, largest=False),
+    "kthvalue": lambda x: torch.kthvalue(x, 2, dim=2),
+    "kthvalue_keepdim": lambda x: torch.kthvalue(x, 4, dim=2, keepdim=True),
+    "median": lambda x: torch.median(x, dim=2),
+    "mode": lambda x: torch.mode(x.round(), dim=2),
+    "argsort": lambda x: torch.argsort(x, dim=2, stable=True),
+}
+
+
+@pytest.mark.parametrize("name", list(SELECTS))
+def test_sorting_and_selecting_split_along_every_other_dim(name):
+    """Along dim 2 of a value tiled along dims 0, 1 and 3: one task per tile of those
+    dims (results without ``keepdim`` carry them one dim lower), CPU's values and
+    indices, and the values' gradient."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5, 6, requires_grad=True)
+    xn = x.detach().to("nntile")
+    torch_nntile.set_axis_group_name(xn, {0: "n", 1: "c", 3: "w"})
+    for group, tiles in (("n", [2, 1]), ("c", 2), ("w", [4, 2])):
+        torch_nntile.set_axis_group_tiling(group, tiles)
+    xn.requires_grad_()
+    torch_nntile.reset_info()
+    want, got = SELECTS[name](x), SELECTS[name](xn)
+    want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.equal(a.detach().cpu(), b.detach())
+    if want[0].dtype.is_floating_point:
+        g = torch.randn(want[0].shape)
+        want[0].backward(g)
+        got[0].backward(g.to("nntile"))
+        assert_close(xn.grad.cpu(), x.grad)
+    assert stats.BATCHED_CALLS and stats.UNTILED_CALLS == {} and stats.FALLBACK_CALLS == {}
+    assert not any(op.startswith(("aten::sort", "aten::topk", "aten::kthvalue", "aten::median", "aten::mode"))
+                   for op in torch_nntile.metrics()["retiles"])

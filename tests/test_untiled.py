@@ -43,10 +43,14 @@ def test_multi_output_ops(tiled):
     vn, i_n = torch.topk(xn.flatten(), 5)  # along dim 0: no batch to split, one task
     assert torch.equal(vn.cpu(), v) and torch.equal(i_n.cpu(), i)
     m, mi = torch.sort(x, 0)
-    mn, min_ = torch.sort(xn, 0)  # along the batch: one task
+    mn, min_ = torch.sort(xn, 0)  # along the batch: split along the other dims (one tile each: one task)
+    assert torch.equal(mn.cpu(), m) and torch.equal(min_.cpu(), mi)
+    m, mi = torch.sort(x.flatten(), 0, descending=True)
+    mn, min_ = torch.sort(xn.flatten(), 0, descending=True)  # nothing to split: one untiled task
     assert torch.equal(mn.cpu(), m) and torch.equal(min_.cpu(), mi)
     assert torch.equal(torch.histc(xn, 10).cpu(), torch.histc(x, 10))
     assert {"aten::topk.values", "aten::sort.values_stable", "aten::histc"} <= set(stats.UNTILED_CALLS)
+    assert "aten::sort.values_stable" in stats.BATCHED_CALLS
 
 
 @pytest.mark.parametrize("calls", [1, 2], ids=["once", "twice"])

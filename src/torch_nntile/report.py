@@ -154,8 +154,8 @@ def reset_info() -> None:
 
 
 def metrics() -> dict[str, Any]:
-    """Recorded calls per ATen op; ops run by PyTorch's CPU kernel per batch tile
-    (``batched``: calls); ops that ran as untiled tasks in the graph (``untiled``:
+    """Recorded calls per ATen op; ops run by PyTorch's CPU kernel per tile of the dims
+    they map over (the batch, the channels, ...: ``batched``: calls); ops that ran as untiled tasks in the graph (``untiled``:
     count, first user source line, bytes of the inputs they read whole); CPU fallbacks
     (count, first user source line, why the op could not be an untiled task); per tile
     kernel the task count and total kernel seconds (all workers); and per op and axis
@@ -192,7 +192,7 @@ def _retiles() -> dict[str, dict[str, int]]:
 
 def metrics_report() -> str:
     """``metrics()`` as readable tables: recorded calls per ATen op (most frequent
-    first), the ops run by PyTorch's CPU kernel per batch tile, the ops that ran as
+    first), the ops run by PyTorch's CPU kernel per tile, the ops that ran as
     untiled tasks (calls, bytes read whole, first call's source line), the ops that
     ran on the CPU fallback (calls, first call's source line, why), re-tilings per op
     and axis group, and per tile kernel its tasks, total seconds, microseconds per
@@ -209,7 +209,7 @@ def metrics_report() -> str:
         lines.append(f"{op:<44} {n:>8}")
     if m["batched"]:
         lines.append("")
-        lines.append(f"{'ran per batch tile (CPU kernel of PyTorch)':<44} {'calls':>8}")
+        lines.append(f"{'ran per tile (CPU kernel of PyTorch)':<44} {'calls':>8}")
         for op, n in sorted(m["batched"].items()):
             lines.append(f"{op:<44} {n:>8}")
     if m["untiled"]:

@@ -1,11 +1,15 @@
-"""ATen ops with no nntile kernel that run one batch tile at a time (ops/batched.py).
+"""ATen ops with no nntile kernel that run one tile at a time along the dims they map
+over (ops/batched.py).
 
-A row says which arguments carry the batch in dim 0 (the first one named decides: with
-``rank``, only when it has that many dims, i.e. the batched form of the op), which
-results are sums over the batch (weight gradients), and which integer arguments give
-the batch size. The rest of the results carry the batch too. Anything else about the
-call is checked by ``untiled.record`` (every result that carries the batch must have
-the batch's extent in dim 0); a call that does not fit runs untiled, as one task.
+A row says which arguments carry the split dims (the first one named decides: with
+``rank``, only when it has that many dims, i.e. the batched form of the op), which dims
+of it are split (the batch, dim 0, by default; the batch and the channels for pooling,
+padding and upsampling; every dim but the sorted one for sorting and selecting), which
+results are sums over them (weight gradients), which integer arguments give their
+extents, and which argument names a dim that results without ``keepdim`` lack. The
+rest of the results carry the split dims too. Anything else about the call is checked
+by ``untiled.record`` (every argument and result that carries the split dims must have
+their extents); a call that does not fit runs untiled, as one task.
 """
 
 from __future__ import annotations
@@ -24,15 +28,28 @@ class Split:
     sums: tuple[int, ...] = ()  # results that are sums over the batch
     sizes: tuple[str, ...] = ()  # int arguments equal to the batch size, or int lists led by it
     when: Callable[[dict[str, Any]], bool] | None = None  # a further condition on the arguments by name
+    dims: Callable[[dict[str, Any]], tuple[int, ...]] | None = None  # the first's split dims (default: dim 0)
+    reduced: str | None = None  # the argument naming a dim results lack where not kept (keepdim=False)
 
 
 def _batched_conv(a: dict[str, Any]) -> bool:
     return a["input"].dim() == a["weight"].dim()
 
 
-def _not_along_batch(a: dict[str, Any]) -> bool:
+def _other_dims(a: dict[str, Any]) -> bool:
+    return a["self"].dim() >= 2
+
+
+def _all_but_dim(a: dict[str, Any]) -> tuple[int, ...]:
+    """Sorting and selecting along ``dim``: split along every other dim."""
     x = a["self"]
-    return x.dim() >= 2 and wrap_dim(a["dim"], x.dim()) != 0
+    d = wrap_dim(a["dim"], x.dim())
+    return tuple(k for k in range(x.dim()) if k != d)
+
+
+def _planes(a: dict[str, Any]) -> tuple[int, ...]:
+    """Pooling, padding and upsampling of a batch of channels: every plane on its own."""
+    return (0, 1)
 
 
 def _eval(flag: str) -> Callable[[dict[str, Any]], bool]:
@@ -56,24 +73,24 @@ SPLITS: dict[str, Split] = {
     "aten::pixel_unshuffle": Split(("self",), rank=4),
     "aten::grid_sampler_2d": Split(("input", "grid")),
     "aten::grid_sampler_2d_backward": Split(("grad_output", "input", "grid")),
-    "aten::topk": Split(("self",), when=_not_along_batch),
-    "aten::sort": Split(("self",), when=_not_along_batch),
-    "aten::kthvalue": Split(("self",), when=_not_along_batch),
-    "aten::median": Split(("self",), when=lambda a: "dim" in a and _not_along_batch(a)),
-    "aten::mode": Split(("self",), when=_not_along_batch),
+    "aten::topk": Split(("self",), when=_other_dims, dims=_all_but_dim),
+    "aten::sort": Split(("self",), when=_other_dims, dims=_all_but_dim),
+    "aten::kthvalue": Split(("self",), when=_other_dims, dims=_all_but_dim, reduced="dim"),
+    "aten::median": Split(("self",), when=lambda a: "dim" in a and _other_dims(a), dims=_all_but_dim, reduced="dim"),
+    "aten::mode": Split(("self",), when=_other_dims, dims=_all_but_dim, reduced="dim"),
 }
 for _d, _rank in ((1, 3), (2, 4), (3, 5)):
     for _pool in ("max_pool{}d_with_indices", "adaptive_max_pool{}d"):
-        SPLITS[f"aten::{_pool.format(_d)}"] = Split(("self",), rank=_rank)
-        SPLITS[f"aten::{_pool.format(_d)}_backward"] = Split(_POOL_BACKWARD, rank=_rank)
+        SPLITS[f"aten::{_pool.format(_d)}"] = Split(("self",), rank=_rank, dims=_planes)
+        SPLITS[f"aten::{_pool.format(_d)}_backward"] = Split(_POOL_BACKWARD, rank=_rank, dims=_planes)
     for _pool in ("avg_pool{}d", "_adaptive_avg_pool{}d", "reflection_pad{}d", "replication_pad{}d"):
-        SPLITS[f"aten::{_pool.format(_d)}"] = Split(("self",), rank=_rank)
-        SPLITS[f"aten::{_pool.format(_d)}_backward"] = Split(("grad_output", "self"), rank=_rank)
+        SPLITS[f"aten::{_pool.format(_d)}"] = Split(("self",), rank=_rank, dims=_planes)
+        SPLITS[f"aten::{_pool.format(_d)}_backward"] = Split(("grad_output", "self"), rank=_rank, dims=_planes)
 for _up in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
             "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
             "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"):
-    SPLITS[f"aten::{_up}"] = Split(("self", "input"))
-    SPLITS[f"aten::{_up}_backward"] = Split(("grad_output",), sizes=("input_size",))
+    SPLITS[f"aten::{_up}"] = Split(("self", "input"), dims=_planes)
+    SPLITS[f"aten::{_up}_backward"] = Split(("grad_output",), sizes=("input_size",), dims=_planes)
 
 
 def split_of(name: str, named: dict[str, Any]) -> Split | None:

@@ -30,8 +30,8 @@ from torch_nntile.backend.meta_calls import meta_call
 from torch_nntile.backend.table_batched import Split, split_of
 from torch_nntile.backend.table_shapes import META_FORMS
 from torch_nntile.kernels import CpuScalar, Kernel, Slot
-from torch_nntile.ops.base import by_name, whole_op
-from torch_nntile.ops.batched import BATCH, batched_op
+from torch_nntile.ops.base import by_name, whole_op, wrap_dim
+from torch_nntile.ops.batched import Extent, batched_op
 
 _META = torch.device("meta")
 TILE_OUT = "tile"  # see run_untiled
@@ -242,12 +242,12 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     if row is not None and len(leaves) == len(op._schema.returns):
         plan = _split_plan(op, row, named, list(index), at, written, outs)
     if plan is not None:
-        split_in, summed = plan
-        p_args, p_kw = _sized(op, row.sizes, p_args, p_kw)
+        split_in, summed, dims, out_dims = plan
+        p_args, p_kw = _sized(op, row.sizes, dims, p_args, p_kw)
         written = tuple(TILE_OUT if type(w) is not int else w for w in written)  # these ops write out= in place
         stats.BATCHED_CALLS[name] += 1
         values = batched_op(name, Kernel(run_untiled, run, p_args, p_kw, tuple(at), written), nodes, split_in,
-                            outs, summed)
+                            outs, summed, dims, out_dims)
     elif only_split:
         return _NO_TILED
     else:
@@ -300,14 +300,15 @@ def _written(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[tuple[tor
     return out
 
 
-def _split_plan(op: Any, row: Split, named: dict[str, Any], inputs: list[int],
-                at: list[int], written: tuple[int | torch.dtype, ...],
-                outs: list[tuple[tuple[int, ...], torch.dtype]]) -> tuple[tuple[bool, ...], tuple[bool, ...]] | None:
-    """Which inputs (by the ids of their tensors, ``inputs``) and results carry the
-    batch and which results sum over it, or None where this call does not split: an
-    argument both carries the batch and not, an argument written in place, a result
-    whose dim 0 is not the batch. Results are the op's returns at positions ``at``, or
-    its ``out=`` arguments in order."""
+def _split_plan(op: Any, row: Split, named: dict[str, Any], inputs: list[int], at: list[int],
+                written: tuple[int | torch.dtype, ...], outs: list[tuple[tuple[int, ...], torch.dtype]]
+                ) -> tuple[tuple[bool, ...], tuple[bool, ...], tuple[int, ...], tuple[tuple[int, ...], ...]] | None:
+    """Which inputs (by the ids of their tensors, ``inputs``) carry the split dims (the
+    row's ``dims`` of its lead argument: the batch, or more) and which results sum over
+    them, the split dims and, per result, where it carries them; or None where this call
+    does not split: an argument both carries them and not, an argument written in place,
+    a carrying argument or result whose extents there differ. Results are the op's
+    returns at positions ``at``, or its ``out=`` arguments in order."""
     carried: list[torch.Tensor] = []
     other: set[int] = set()
     for a in op._schema.arguments:
@@ -325,27 +326,48 @@ def _split_plan(op: Any, row: Split, named: dict[str, Any], inputs: list[int],
         return None
     if written and at:
         return None
-    batch = carried[0].shape[0]
+    lead = carried[0]
+    dims = row.dims(named) if row.dims is not None else (0,)
+    if not dims or any(d >= lead.dim() for d in dims):
+        return None
+    extents = [lead.shape[d] for d in dims]
+    if any(t.dim() <= max(dims) or [t.shape[d] for d in dims] != extents for t in carried):
+        return None
+    reduced = wrap_dim(named[row.reduced], lead.dim()) if row.reduced in named else None
     split_in = tuple(i in carry for i in inputs)
     returns = at if at else range(len(written))
     summed = tuple(k in row.sums for k in returns)
+    out_dims = []
     for (shape, _), s in zip(outs, summed):
-        if not s and (not shape or shape[0] != batch):
-            return None
-    if any(not t.dim() or t.shape[0] != batch for t in carried):
-        return None
-    return split_in, summed
+        od: tuple[int, ...] = ()
+        if not s:
+            if len(shape) == lead.dim():
+                od = dims
+            elif reduced is not None and len(shape) == lead.dim() - 1:  # the reduced dim dropped (no keepdim)
+                od = tuple(d - (d > reduced) for d in dims)
+            elif dims == (0,) and shape:  # led by the batch, of another rank (im2col's, col2im's)
+                od = dims
+            else:
+                return None
+            if [shape[d] for d in od] != extents:
+                return None
+        out_dims.append(od)
+    return split_in, summed, dims, tuple(out_dims)
 
 
-def _sized(op: Any, names: tuple[str, ...], p_args: tuple[Any, ...],
+def _sized(op: Any, names: tuple[str, ...], dims: tuple[int, ...], p_args: tuple[Any, ...],
            p_kw: tuple[tuple[str, Any], ...]) -> tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]]:
-    """The kernel's arguments with those ``names`` (the batch size, or int lists led by
-    it) holding ``BATCH``, which each batch tile's task replaces by its size."""
+    """The kernel's arguments with those ``names`` (the batch size, or int lists of the
+    lead argument's extents) holding ``Extent(i)`` where they give split dim ``i``'s
+    extent, which each tile's task replaces by its own."""
     if not names:
         return p_args, p_kw
 
     def mark(v: Any) -> Any:
-        return (BATCH, *v[1:]) if isinstance(v, (list, tuple)) else BATCH
+        if isinstance(v, (list, tuple)):
+            at = {d: i for i, d in enumerate(dims)}
+            return tuple(Extent(at[k]) if k in at else x for k, x in enumerate(v))
+        return Extent(0)  # an int: the batch size (dim 0 is split first)
 
     pos = {a.name: i for i, a in enumerate(op._schema.arguments)}
     p_args = tuple(mark(v) if any(pos.get(n) == i for n in names) else v for i, v in enumerate(p_args))

@@ -63,9 +63,10 @@ def _number_kinds(params: tuple[Any, ...]) -> int:
     return out
 
 
-class Slot:
-    """A kernel parameter that stands for the task's input tile ``i``, where a kernel
-    calls an op with its tiles among other arguments (``backend/untiled.py``)."""
+class Marker:
+    """A kernel parameter standing for something of each task, numbered ``i``: equal
+    only to a marker of its own class and number (never to an int), so kernels that
+    hold one are told apart in every cache."""
 
     __slots__ = ("i",)
 
@@ -73,13 +74,20 @@ class Slot:
         self.i = i
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is Slot and other.i == self.i
+        return type(other) is type(self) and other.i == self.i  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash((Slot, self.i))
+        return hash((type(self), self.i))
 
     def __repr__(self) -> str:
-        return f"Slot({self.i})"
+        return f"{type(self).__name__}({self.i})"
+
+
+class Slot(Marker):
+    """A kernel parameter that stands for the task's input tile ``i``, where a kernel
+    calls an op with its tiles among other arguments (``backend/untiled.py``)."""
+
+    __slots__ = ()
 
 
 class CpuScalar:

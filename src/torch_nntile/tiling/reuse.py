@@ -20,7 +20,7 @@ import torch
 from torch_nntile import stats
 from torch_nntile.graph.axes import describe
 from torch_nntile.graph.nodes import OpNode
-from torch_nntile.kernels import CpuScalar, Gemm, Kernel, PackB, Slot
+from torch_nntile.kernels import CpuScalar, Gemm, Kernel, Marker, PackB
 from torch_nntile.tiling import _structure  # type: ignore[attr-defined]
 from torch_nntile.tiling.tiles import Given, Held, Lowering, TileArray
 
@@ -35,7 +35,7 @@ class Uncacheable(Exception):
 # -- the key ---------------------------------------------------------------------------
 
 _PLAIN = (int, str, type(None), torch.dtype, types.FunctionType, types.BuiltinFunctionType, type, Gemm, PackB,
-          torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch.device, torch.memory_format, torch.layout, Slot)
+          torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch.device, torch.memory_format, torch.layout)
 
 
 def _attr_key(x: Any) -> Any:
@@ -57,6 +57,8 @@ def _attr_key(x: Any) -> Any:
         return (bool, x)
     if t is CpuScalar:
         return (CpuScalar, x.dtype, _attr_key(x.value))
+    if isinstance(x, Marker):  # a task's input tile (Slot), a split dim's extent (ops.batched.Extent)
+        return x
     if t is list:
         return (list, tuple([_attr_key(y) for y in x]))
     if isinstance(x, enum.Enum) or getattr(x, "__module__", "").startswith("torch_nntile.") and (
