@@ -325,3 +325,45 @@ def test_sorting_and_selecting_split_along_every_other_dim(name):
     assert stats.BATCHED_CALLS and stats.UNTILED_CALLS == {} and stats.FALLBACK_CALLS == {}
     assert not any(op.startswith(("aten::sort", "aten::topk", "aten::kthvalue", "aten::median", "aten::mode"))
                    for op in torch_nntile.metrics()["retiles"])
+
+
+@pytest.mark.parametrize("case", ["bias", "no_bias", "groups", "transposed"])
+def test_convolution_split_along_output_channels(case):
+    """A convolution whose output channels are tiled (its weight's dim 0 named and tiled)
+    runs one task per (batch, output-channel) tile; its input's gradient sums over the
+    output-channel tiles and its weight's over the batch tiles. Grouped and transposed
+    convolutions need every input channel: there the channels are gathered."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, 7, 6, requires_grad=True)
+    if case == "transposed":
+        w = torch.randn(4, 6, 3, 3, requires_grad=True)
+        fn = lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2)  # noqa: E731
+    else:
+        w = torch.randn(6, 2 if case == "groups" else 4, 3, 3, requires_grad=True)
+        fn = lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2 if case == "groups" else 1)  # noqa: E731
+    b = torch.randn(6, requires_grad=True) if case != "no_bias" else None
+    xn = x.detach().to("nntile")
+    wn = w.detach().to("nntile")
+    torch_nntile.set_axis_group_name(xn, {0: "batch"})
+    torch_nntile.set_axis_group_name(wn, {1 if case == "transposed" else 0: "cout"})
+    torch_nntile.set_axis_group_tiling("batch", [3, 2])
+    torch_nntile.set_axis_group_tiling("cout", [2, 4])
+    xn.requires_grad_()
+    wn.requires_grad_()
+    bn = b.detach().to("nntile").requires_grad_() if b is not None else None
+    torch_nntile.reset_info()
+    want, got = fn(x, w, b), fn(xn, wn, bn)
+    g = torch.randn(want.shape)
+    want.backward(g)
+    got.backward(g.to("nntile"))
+    torch_nntile.compile_graph()
+    calls = [t[4] for t in SESSION_STATE.compiled.tasks if t[0].fn is run_untiled]
+    torch_nntile.run()
+    assert_close(got.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    for p, q in ((xn, x), (wn, w), (bn, b)):
+        if q is not None:
+            assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4)
+    per_cout = 2 if case in ("bias", "no_bias") else 1
+    assert calls.count("aten::convolution_overrideable") == 2 * per_cout
+    assert calls.count("aten::convolution_backward_overrideable") == 2 * per_cout
+    assert stats.UNTILED_CALLS == {} and stats.FALLBACK_CALLS == {}

@@ -6,8 +6,9 @@ A row says which arguments carry the split dims (the first one named decides: wi
 of it are split (the batch, dim 0, by default; the batch and the channels for pooling,
 padding and upsampling; every dim but the sorted one for sorting and selecting), which
 results are sums over them (weight gradients), which integer arguments give their
-extents, and which argument names a dim that results without ``keepdim`` lack. The
-rest of the results carry the split dims too. Anything else about the call is checked
+extents, which argument names a dim that results without ``keepdim`` lack, and further
+axes carried by other arguments (a convolution's output channels: its weight's dim 0).
+The rest of the results carry the split dims too. Anything else about the call is checked
 by ``untiled.record`` (every argument and result that carries the split dims must have
 their extents); a call that does not fit runs untiled, as one task.
 """
@@ -22,6 +23,16 @@ from torch_nntile.ops.base import wrap_dim
 
 
 @dataclass(frozen=True)
+class Axis:
+    """A further split axis, carried by other arguments than the row's first ones:
+    ``args``, the dim of each argument that carries it; ``results``, the dim of each
+    result that does (the others are sums over it); ``when``, a condition on the call."""
+    args: dict[str, int]
+    results: dict[int, int]
+    when: Callable[[dict[str, Any]], bool] | None = None
+
+
+@dataclass(frozen=True)
 class Split:
     args: tuple[str, ...]  # arguments whose dim 0 is the batch; the first present one decides
     rank: int | None = None  # the first must have this many dims
@@ -30,6 +41,7 @@ class Split:
     when: Callable[[dict[str, Any]], bool] | None = None  # a further condition on the arguments by name
     dims: Callable[[dict[str, Any]], tuple[int, ...]] | None = None  # the first's split dims (default: dim 0)
     reduced: str | None = None  # the argument naming a dim results lack where not kept (keepdim=False)
+    more: tuple[Axis, ...] = ()  # further split axes
 
 
 def _batched_conv(a: dict[str, Any]) -> bool:
@@ -56,10 +68,21 @@ def _eval(flag: str) -> Callable[[dict[str, Any]], bool]:
     return lambda a: not a[flag]
 
 
+def _plain_conv(a: dict[str, Any]) -> bool:
+    """Output channels split the weight's dim 0 (not a transposed convolution's) and need
+    every input channel (one group)."""
+    return not a["transposed"] and a["groups"] == 1
+
+
 _POOL_BACKWARD = ("grad_output", "self", "indices")
+# a convolution's output channels: its weight's and bias's dim 0, the output's dim 1; in the
+# backward the input's gradient sums over them
+_COUT = Axis({"weight": 0, "bias": 0}, {0: 1}, when=_plain_conv)
+_COUT_BACKWARD = Axis({"grad_output": 1, "weight": 0}, {1: 0, 2: 0}, when=_plain_conv)
 SPLITS: dict[str, Split] = {
-    "aten::convolution_overrideable": Split(("input",), when=_batched_conv),
-    "aten::convolution_backward_overrideable": Split(("grad_output", "input"), sums=(1, 2), when=_batched_conv),
+    "aten::convolution_overrideable": Split(("input",), when=_batched_conv, more=(_COUT,)),
+    "aten::convolution_backward_overrideable": Split(("grad_output", "input"), sums=(1, 2), when=_batched_conv,
+                                                     more=(_COUT_BACKWARD,)),
     "aten::native_group_norm": Split(("input",), sizes=("N",)),
     "aten::native_group_norm_backward": Split(("grad_out", "input", "mean", "rstd"), sums=(1, 2), sizes=("N",)),
     # batch norm with the running statistics (eval mode): per sample; its saved statistics are empty

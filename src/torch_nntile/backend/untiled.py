@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch_nntile import stats
 from torch_nntile.backend.device import NNTILE, new_tensor, read, resize_output, write
 from torch_nntile.backend.meta_calls import meta_call
-from torch_nntile.backend.table_batched import Split, split_of
+from torch_nntile.backend.table_batched import Axis, Split, split_of
 from torch_nntile.backend.table_shapes import META_FORMS
 from torch_nntile.kernels import CpuScalar, Kernel, Slot
 from torch_nntile.ops.base import by_name, whole_op, wrap_dim
@@ -242,12 +242,12 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
     if row is not None and len(leaves) == len(op._schema.returns):
         plan = _split_plan(op, row, named, list(index), at, written, outs)
     if plan is not None:
-        split_in, summed, dims, out_dims = plan
+        axes_in, axes_out, dims = plan
         p_args, p_kw = _sized(op, row.sizes, dims, p_args, p_kw)
         written = tuple(TILE_OUT if type(w) is not int else w for w in written)  # these ops write out= in place
         stats.BATCHED_CALLS[name] += 1
-        values = batched_op(name, Kernel(run_untiled, run, p_args, p_kw, tuple(at), written), nodes, split_in,
-                            outs, summed, dims, out_dims)
+        values = batched_op(name, Kernel(run_untiled, run, p_args, p_kw, tuple(at), written), nodes, outs, axes_in,
+                            axes_out)
     elif only_split:
         return _NO_TILED
     else:
@@ -300,15 +300,20 @@ def _written(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[tuple[tor
     return out
 
 
+Axes = tuple[tuple[int | None, ...], ...]
+
+
 def _split_plan(op: Any, row: Split, named: dict[str, Any], inputs: list[int], at: list[int],
                 written: tuple[int | torch.dtype, ...], outs: list[tuple[tuple[int, ...], torch.dtype]]
-                ) -> tuple[tuple[bool, ...], tuple[bool, ...], tuple[int, ...], tuple[tuple[int, ...], ...]] | None:
-    """Which inputs (by the ids of their tensors, ``inputs``) carry the split dims (the
-    row's ``dims`` of its lead argument: the batch, or more) and which results sum over
-    them, the split dims and, per result, where it carries them; or None where this call
-    does not split: an argument both carries them and not, an argument written in place,
-    a carrying argument or result whose extents there differ. Results are the op's
-    returns at positions ``at``, or its ``out=`` arguments in order."""
+                ) -> tuple[Axes, Axes, tuple[int, ...]] | None:
+    """The split axes of a call: first the row's ``dims`` of its lead argument (the batch,
+    or more), carried by the row's arguments, then its further axes (``row.more``) that
+    apply; per input (by the ids of their tensors, ``inputs``) and per result the dim
+    carrying each axis (None: the input is whole along it, the result sums over it); and
+    the lead dims. None where this call does not split: an argument both carries the
+    lead dims and not, an argument written in place, a carrying argument or result whose
+    extents there differ. Results are the op's returns at positions ``at``, or its
+    ``out=`` arguments in order."""
     carried: list[torch.Tensor] = []
     other: set[int] = set()
     for a in op._schema.arguments:
@@ -334,25 +339,58 @@ def _split_plan(op: Any, row: Split, named: dict[str, Any], inputs: list[int], a
     if any(t.dim() <= max(dims) or [t.shape[d] for d in dims] != extents for t in carried):
         return None
     reduced = wrap_dim(named[row.reduced], lead.dim()) if row.reduced in named else None
-    split_in = tuple(i in carry for i in inputs)
-    returns = at if at else range(len(written))
-    summed = tuple(k in row.sums for k in returns)
-    out_dims = []
-    for (shape, _), s in zip(outs, summed):
-        od: tuple[int, ...] = ()
-        if not s:
-            if len(shape) == lead.dim():
-                od = dims
-            elif reduced is not None and len(shape) == lead.dim() - 1:  # the reduced dim dropped (no keepdim)
-                od = tuple(d - (d > reduced) for d in dims)
-            elif dims == (0,) and shape:  # led by the batch, of another rank (im2col's, col2im's)
-                od = dims
-            else:
-                return None
-            if [shape[d] for d in od] != extents:
-                return None
-        out_dims.append(od)
-    return split_in, summed, dims, tuple(out_dims)
+    returns = list(at if at else range(len(written)))
+    axes_in = {i: list(dims) if i in carry else [None] * len(dims) for i in inputs}
+    axes_out: list[list[int | None]] = []
+    for k, (shape, _) in zip(returns, outs):
+        if k in row.sums:
+            axes_out.append([None] * len(dims))
+            continue
+        if len(shape) == lead.dim():
+            od = dims
+        elif reduced is not None and len(shape) == lead.dim() - 1:  # the reduced dim dropped (no keepdim)
+            od = tuple(d - (d > reduced) for d in dims)
+        elif dims == (0,) and shape:  # led by the batch, of another rank (im2col's, col2im's)
+            od = dims
+        else:
+            return None
+        if [shape[d] for d in od] != extents:
+            return None
+        axes_out.append(list(od))
+    for axis in row.more:
+        got = _further_axis(axis, named, returns, outs)
+        if got is not None:
+            by_input, by_result = got
+            for i, ax in axes_in.items():
+                ax.append(by_input.get(i))
+            for ax, d in zip(axes_out, by_result):
+                ax.append(d)
+    return tuple(tuple(axes_in[i]) for i in inputs), tuple(tuple(ax) for ax in axes_out), dims
+
+
+def _further_axis(axis: Axis, named: dict[str, Any], returns: list[int], outs: list[tuple[tuple[int, ...], torch.dtype]]
+                  ) -> tuple[dict[int, int], list[int | None]] | None:
+    """A further axis of a call, where it applies: the dim carrying it per input (by the
+    id of its tensor) and per result; None where it does not apply (its condition, no
+    argument carrying it, extents that differ)."""
+    if axis.when is not None and not axis.when(named):
+        return None
+    by_input: dict[int, int] = {}
+    extent = None
+    for arg, d in axis.args.items():
+        t = named.get(arg)
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.dim() <= d or by_input.get(id(t), d) != d or extent not in (None, t.shape[d]):
+            return None
+        extent = t.shape[d]
+        by_input[id(t)] = d
+    if extent is None:
+        return None
+    by_result = [axis.results.get(k) for k in returns]
+    if any(d is not None and (len(shape) <= d or shape[d] != extent) for d, (shape, _) in zip(by_result, outs)):
+        return None
+    return by_input, by_result
 
 
 def _sized(op: Any, names: tuple[str, ...], dims: tuple[int, ...], p_args: tuple[Any, ...],

@@ -1,14 +1,16 @@
-"""Ops run by PyTorch's CPU kernel one tile at a time along the dims they map over.
+"""Ops run by PyTorch's CPU kernel one tile at a time along the axes they map over.
 
-An ATen op with no nntile kernel of its own whose results split along some dims of its
-inputs (a convolution along the batch; a pooling, upsampling or padding along the batch
-and the channels, i.e. per plane; a sort along every dim but the sorted one) runs as one
-task per tile of those dims, each task calling the op on its slice: the inputs that
-carry the split dims come in that tile, the others whole. Results that carry them are
-written tile by tile; results that sum over them (a convolution's weight and bias
-gradients, which sum over the batch) are written per tile and summed pairwise. Every
-other dim is one tile (inputs are re-tiled to that, counted). Where the split dims are
-one tile each this is one task, as an untiled op (``ops.base.WHOLE``).
+An ATen op with no nntile kernel of its own whose results split along some axes of its
+inputs (a convolution along the batch and its output channels; a pooling, upsampling or
+padding along the batch and the channels, i.e. per plane; a sort along every dim but
+the sorted one) runs as one task per tile of those axes, each task calling the op on
+its slice: each input comes in the tile of the axes it carries (a convolution's input
+in a batch tile, its weight in an output-channel tile), whole along the rest. Results
+that carry every axis are written tile by tile; results that sum over an axis (a
+convolution's weight gradient over the batch, its input gradient over the output
+channels) are written per tile and summed pairwise. Every other dim is one tile (inputs
+are re-tiled to that, counted). Where the split axes are one tile each this is one task,
+as an untiled op (``ops.base.WHOLE``).
 
 The kernel is ``untiled.run_untiled``'s: ``(run, args, kw, fresh, written)``. Integer
 arguments that give a split dim's extent (``N`` of ``native_group_norm``, the leading
@@ -45,75 +47,78 @@ def _sized(v: Any, sizes: tuple[int, ...]) -> Any:
     return v
 
 
-def _tiling(n: DataNode, dims: tuple[int, ...], tiles: list[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
-    """``n`` whole but along ``dims``, tiled there as ``tiles``."""
+def _tiling(n: DataNode, dims: tuple[int | None, ...], tiles: list[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """``n`` whole but along the dims that carry split axes, tiled there as the axes."""
     out = [(s,) for s in n.shape]
     for d, t in zip(dims, tiles):
-        out[d] = t
+        if d is not None:
+            out[d] = t
     return tuple(out)
 
 
-def _at(ndim: int, dims: tuple[int, ...], index: tuple[int, ...]) -> tuple[int, ...]:
+def _at(ndim: int, dims: tuple[int | None, ...], index: tuple[int, ...]) -> tuple[int, ...]:
     out = [0] * ndim
     for d, i in zip(dims, index):
-        out[d] = i
+        if d is not None:
+            out[d] = i
     return tuple(out)
 
 
 def _lower_batched(ctx: Lowering, node: OpNode) -> None:
-    kernel, name, split_in, summed, sized, dims, out_dims = node.attrs
-    first = next(n for n, s in zip(node.inputs, split_in) if s)
-    lead = ctx.tiling(first)
-    tiles = [lead[d] for d in dims]
-    ins = [ctx.input(n, _tiling(n, dims, tiles) if s else _tiling(n, (), [])) for n, s in zip(node.inputs, split_in)]
-    outs = [ctx.output(n, _tiling(n, (), []) if s else _tiling(n, od, tiles))
-            for n, s, od in zip(node.outputs, summed, out_dims)]
-    parts: list[list[tuple[Any, tuple[int, ...]]]] = [[] for _ in outs]
+    kernel, name, sized, axes_in, axes_out = node.attrs
+    tiles = []
+    for a in range(len(axes_in[0])):  # each split axis is tiled as the first input carrying it
+        i = next(i for i, ax in enumerate(axes_in) if ax[a] is not None)
+        tiles.append(ctx.tiling(node.inputs[i])[axes_in[i][a]])
+    ins = [ctx.input(n, _tiling(n, ax, tiles)) for n, ax in zip(node.inputs, axes_in)]
+    outs = [ctx.output(n, _tiling(n, ax, tiles)) for n, ax in zip(node.outputs, axes_out)]
+    parts: list[dict[tuple[int, ...], list[tuple[Any, tuple[int, ...]]]]] = [{} for _ in outs]
     for index in itertools.product(*(range(len(t)) for t in tiles)):
         sizes = tuple(t[i] for t, i in zip(tiles, index))
         k = Kernel(kernel.fn, *_sized(kernel.params, sizes)) if sized else kernel
         args = []
-        for j, (o, s, od) in enumerate(zip(outs, summed, out_dims)):
-            if not s:
-                args.append(Arg(o, _at(len(o.shape), od, index), W))
+        for j, (o, ax) in enumerate(zip(outs, axes_out)):
+            at = _at(len(o.shape), ax, index)
+            if None not in ax:
+                args.append(Arg(o, at, W))
                 continue
-            zero = (0,) * len(o.shape)
-            arr = o if not parts[j] else ctx.temp(o.shape, o.dtype)
-            parts[j].append((arr, zero))
-            args.append(Arg(arr, zero, W))
-        args += [Arg(a, _at(len(a.shape), dims if s else (), index), R) if a.shape else Arg(a, (), R)
-                 for a, s in zip(ins, split_in)]
+            heads = parts[j].setdefault(tuple(i for i, d in zip(index, ax) if d is not None), [])
+            arr, pos = (o, at) if not heads else (ctx.temp(o.tile_shape(at), o.dtype), (0,) * len(o.shape))
+            heads.append((arr, pos))
+            args.append(Arg(arr, pos, W))
+        args += [Arg(a, _at(len(a.shape), ax, index), R) if a.shape else Arg(a, (), R) for a, ax in zip(ins, axes_in)]
         ctx.task(k, args, name)
-    for heads in parts:  # the sums over the tiles
-        sum_pairwise(ctx, heads, name)
+    for sums in parts:  # results summed over the axes they do not carry
+        for heads in sums.values():
+            sum_pairwise(ctx, heads, name)
 
 
 BATCHED = Op("batched", _lower_batched, lambda node: node.attrs[1])
 
 
-def batched_op(name: str, kernel: Kernel, inputs: list[DataNode], split_in: tuple[bool, ...],
-               outs: list[tuple[tuple[int, ...], torch.dtype]], summed: tuple[bool, ...],
-               dims: tuple[int, ...] = (0,), out_dims: tuple[tuple[int, ...], ...] | None = None
+def batched_op(name: str, kernel: Kernel, inputs: list[DataNode], outs: list[tuple[tuple[int, ...], torch.dtype]],
+               axes_in: tuple[tuple[int | None, ...], ...], axes_out: tuple[tuple[int | None, ...], ...]
                ) -> tuple[DataNode, ...]:
-    """Record ``kernel`` per tile of ``dims``: ``split_in[i]``: input ``i`` carries them
-    (its ``dims`` are the lead input's); ``summed[j]``: result ``j`` is a sum over them,
-    else it carries them at ``out_dims[j]`` (default: ``dims``)."""
-    groups = None
-    for n, s in zip(inputs, split_in):
-        if s:
-            groups = [n.axes[d] for d in dims] if groups is None else [union(g, n.axes[d])
-                                                                      for g, d in zip(groups, dims)]
-    assert groups is not None, "a batched op needs an input that carries the split dims"
-    out_dims = out_dims if out_dims is not None else tuple(dims for _ in outs)
+    """Record ``kernel`` per tile of its split axes: ``axes_in[i][a]``, the dim of input
+    ``i`` that carries axis ``a`` (None: it is whole for every task); ``axes_out[j][a]``,
+    the dim of result ``j`` that carries it (None: the result is a sum over it)."""
+    groups = []
+    for a in range(len(axes_in[0])):
+        g = None
+        for n, ax in zip(inputs, axes_in):
+            if ax[a] is not None:
+                g = n.axes[ax[a]] if g is None else union(g, n.axes[ax[a]])
+        assert g is not None, "every split axis needs an input that carries it"
+        groups.append(g)
     specs = []
-    for (shape, dtype), s, od in zip(outs, summed, out_dims):
+    for (shape, dtype), ax in zip(outs, axes_out):
         axes = [new_group(e) for e in shape]
-        if not s:
-            for d, g in zip(od, groups):
+        for d, g in zip(ax, groups):
+            if d is not None:
                 axes[d] = g
         specs.append((shape, dtype, tuple(axes)))
     sized = any(type(v) is Extent for v in _flat(kernel.params))
-    return record(BATCHED, tuple(inputs), (kernel, name, split_in, summed, sized, dims, out_dims), specs)
+    return record(BATCHED, tuple(inputs), (kernel, name, sized, axes_in, axes_out), specs)
 
 
 def _flat(v: Any) -> list[Any]:
