@@ -33,7 +33,9 @@ fi
 rm -rf "$RAW"
 mkdir -p "$RAW"
 # No isolation: the tools venv already has the build requirements (setuptools, cffi).
-"$TOOLS/bin/python" -m build --no-isolation --outdir "$RAW" . >"$RAW/build.log" 2>&1 ||
+# Without StarPU-MPI: auditwheel could copy libmpi but not the plugins OpenMPI loads from
+# its own prefix, so the wheel runs on one process (built_with_mpi() is False).
+TORCH_NNTILE_NO_MPI=1 "$TOOLS/bin/python" -m build --no-isolation --outdir "$RAW" . >"$RAW/build.log" 2>&1 ||
     { tail -n 30 "$RAW/build.log" >&2; echo "build_wheel: build failed, see $RAW/build.log" >&2; exit 1; }
 raw_wheel=$(ls "$RAW"/torch_nntile-*.whl)
 

@@ -45,6 +45,7 @@ from torch_nntile.report import (
     stop_trace,
     trace,
 )
+from torch_nntile.runtime.context import launch_rank_size
 from torch_nntile.runtime.failures import KernelError, TileMemoryError
 from torch_nntile.runtime.ooc import OutOfCore
 from torch_nntile.runtime.submission import WHERE_ANY, WHERE_CPU
@@ -57,13 +58,13 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "Captured", "CaptureError", "KernelError", "built_with_cuda", "capture", "compile_graph", "dump_graph",
+    "Captured", "CaptureError", "KernelError", "built_with_cuda", "built_with_mpi", "capture", "compile_graph", "dump_graph",
     "empty_cache", "execute", "fallback_counts",
     "format_axis_groups",
     "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
-    "pending_op_names", "print_axis_groups", "print_info", "reset_info", "restore_where", "restrict_cpu",
+    "pending_op_names", "print_axis_groups", "print_info", "rank", "reset_info", "restore_where", "restrict_cpu",
     "restrict_cuda", "run", "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
-    "start_trace", "stop_trace", "TileMemoryError", "trace", "wait",
+    "start_trace", "stop_trace", "TileMemoryError", "trace", "wait", "world_size",
 ]
 
 # Parameters are swapped, not re-wrapped, by Module.to(): tied weights stay tied.
@@ -160,6 +161,26 @@ def print_axis_groups() -> None:
 def restrict_cpu() -> None:
     """Run the next submitted tasks on CPU workers only."""
     _S.runtime().where = WHERE_CPU
+
+
+def rank() -> int:
+    """This process's rank among the processes ``mpirun`` (or ``python -m
+    torch_nntile.launch``) started, 0 outside one. Each rank runs the same program."""
+    rt = _S.rt
+    return rt.rank if rt is not None and rt.alive else launch_rank_size()[0]
+
+
+def world_size() -> int:
+    """How many processes ``mpirun`` started (1 outside one)."""
+    rt = _S.rt
+    return rt.world_size if rt is not None and rt.alive else launch_rank_size()[1]
+
+
+def built_with_mpi() -> bool:
+    """Whether this build's StarPU has StarPU-MPI (the project's own build does)."""
+    from torch_nntile.runtime import _shim
+
+    return bool(_shim.lib.tnt_built_with_mpi())
 
 
 def built_with_cuda() -> bool:

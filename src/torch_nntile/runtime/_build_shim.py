@@ -4,7 +4,8 @@ Every StarPU struct stays in C (``csrc/shim.c`` and the files beside it, with th
 ``rows.c``, ``nn.c``, ``typed.c`` and ``gemm.c``); Python sees the plain functions
 ``csrc/shim.h`` lists.
 Built at install time against whichever of ``starpu-1.4`` / ``starpu-1.3``
-pkg-config finds.
+pkg-config finds, with StarPU-MPI where ``starpumpi-1.4`` and OpenMPI's ``mpicc`` are
+there (``TNT_MPI``).
 """
 
 from __future__ import annotations
@@ -52,9 +53,27 @@ def _pkg_flags() -> tuple[list[str], list[str]]:
     )
 
 
+def _mpi_flags() -> tuple[list[str], list[str]]:
+    """StarPU-MPI and MPI's flags where both are there (the project's own StarPU build,
+    OpenMPI's ``mpicc``): the shim is then built with ``TNT_MPI``; else, or with
+    ``TORCH_NNTILE_NO_MPI=1`` (the wheel, which cannot carry OpenMPI's plugins), nothing."""
+    if os.environ.get("TORCH_NNTILE_NO_MPI") == "1":
+        return [], []
+    try:
+        libs = subprocess.check_output(["pkg-config", "--libs", "starpumpi-1.4"], text=True,
+                                       stderr=subprocess.DEVNULL)
+        mpi_c = subprocess.check_output(["mpicc", "--showme:compile"], text=True, stderr=subprocess.DEVNULL)
+        mpi_l = subprocess.check_output(["mpicc", "--showme:link"], text=True, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.CalledProcessError):
+        return [], []
+    return ["-DTNT_MPI", *shlex.split(mpi_c)], [*shlex.split(libs), *shlex.split(mpi_l)]
+
+
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef())
 _cflags, _libs = _pkg_flags()
+_mpi_c, _mpi_l = _mpi_flags()
+_cflags, _libs = _cflags + _mpi_c, _mpi_l + _libs
 ffibuilder.set_source(
     "torch_nntile.runtime._shim",
     '#include "shim.h"\n',

@@ -27,6 +27,23 @@ from torch_nntile.runtime.ooc import OutOfCore, Swap
 from torch_nntile.runtime.submission import _CLOSURES, _TENSOR_CACHE, _WORKERS_READY, WHERE_ANY, Submission, _bind_callback
 from torch_nntile.runtime.workers import Latch, Workers, _worker_nice
 
+# What mpirun (OpenMPI's, or a PMI launcher) tells the processes it starts.
+_RANK_VARS, _SIZE_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"), ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def mpi_launched() -> bool:
+    """Whether this process was started by mpirun: ``init_context()`` then joins the MPI
+    world (StarPU-MPI initialises MPI and StarPU)."""
+    return any(v in os.environ for v in _SIZE_VARS)
+
+
+def launch_rank_size() -> tuple[int, int]:
+    """This process's rank and the world's size as its launcher set them (0 and 1 when
+    not started by mpirun)."""
+    rank = next((int(os.environ[v]) for v in _RANK_VARS if v in os.environ), 0)
+    size = next((int(os.environ[v]) for v in _SIZE_VARS if v in os.environ), 1)
+    return rank, size
+
 
 class Runtime(TileMemory, Submission, Workers, Swap):
     """One StarPU session. Create through ``torch_nntile.init_context``."""
@@ -46,8 +63,12 @@ class Runtime(TileMemory, Submission, Workers, Swap):
         if ooc is not None:  # StarPU reads its RAM budget once, at init
             os.environ["STARPU_LIMIT_CPU_MEM"] = str(ooc.limit_mib)
             self.lib.tnt_set_managed(ooc.memory_limit)
+        mpi = mpi_launched()
+        if mpi and not self.lib.tnt_built_with_mpi():
+            raise RuntimeError("torch_nntile: started by mpirun, but this build's StarPU has no StarPU-MPI "
+                               "(build it with scripts/build_starpu.sh, which `make setup` runs)")
         try:
-            rc = self.lib.tnt_init(ncpu, (scheduler or "lws").encode(), nice)
+            rc = self.lib.tnt_init(ncpu, (scheduler or "lws").encode(), nice, int(mpi))
         finally:
             if ooc is not None:
                 if limit is None:
@@ -56,7 +77,8 @@ class Runtime(TileMemory, Submission, Workers, Swap):
                     os.environ["STARPU_LIMIT_CPU_MEM"] = limit
         if rc != 0:
             self.lib.tnt_set_managed(0)
-            raise RuntimeError(f"starpu_init failed with code {rc}")
+            raise RuntimeError(f"{'starpu_mpi_init_conf' if mpi else 'starpu_init'} failed with code {rc}")
+        self.rank, self.world_size = int(self.lib.tnt_mpi_rank()), int(self.lib.tnt_mpi_size())
         self.ooc = ooc
         self._stuck: str | None = None  # out of core, why StarPU is stuck (Swap.check_stall)
         if ooc is not None:

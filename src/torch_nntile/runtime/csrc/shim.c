@@ -54,7 +54,23 @@ static void tnt_nice_worker(void *arg)
     setpriority(PRIO_PROCESS, 0, nice < 19 ? nice : 19);
 }
 
-int tnt_init(int ncpu, const char *sched, int nice)
+#ifdef TNT_MPI
+#include <starpu_mpi.h>
+#endif
+#include <errno.h>
+
+static int tnt_mpi_on;  /* this process joined the MPI world at tnt_init */
+
+int tnt_built_with_mpi(void)
+{
+#ifdef TNT_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int tnt_init(int ncpu, const char *sched, int nice, int mpi)
 {
     struct starpu_conf conf;
     starpu_conf_init(&conf);
@@ -75,7 +91,17 @@ int tnt_init(int ncpu, const char *sched, int nice)
     sigemptyset(&intr);
     sigaddset(&intr, SIGINT);
     pthread_sigmask(SIG_BLOCK, &intr, &old);
-    int rc = starpu_init(&conf);
+    int rc;
+    if (mpi) {  /* StarPU-MPI initialises MPI, then StarPU with this configuration */
+#ifdef TNT_MPI
+        rc = starpu_mpi_init_conf(NULL, NULL, 1, MPI_COMM_WORLD, &conf);
+        tnt_mpi_on = rc == 0;
+#else
+        rc = -ENOSYS;
+#endif
+    } else {
+        rc = starpu_init(&conf);
+    }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc == 0) {
         starpu_idle_hook_register(tnt_idle_hook, NULL);
@@ -85,7 +111,36 @@ int tnt_init(int ncpu, const char *sched, int nice)
     return rc;
 }
 
-void tnt_shutdown(void) { starpu_shutdown(); }
+void tnt_shutdown(void)
+{
+#ifdef TNT_MPI
+    if (tnt_mpi_on) {  /* StarPU's shutdown, then MPI's (StarPU-MPI initialised it) */
+        tnt_mpi_on = 0;
+        starpu_mpi_shutdown();
+        return;
+    }
+#endif
+    starpu_shutdown();
+}
+
+/* This process's rank and the world's size (0 and 1 outside MPI). */
+int tnt_mpi_rank(void)
+{
+#ifdef TNT_MPI
+    if (tnt_mpi_on)
+        return starpu_mpi_world_rank();
+#endif
+    return 0;
+}
+
+int tnt_mpi_size(void)
+{
+#ifdef TNT_MPI
+    if (tnt_mpi_on)
+        return starpu_mpi_world_size();
+#endif
+    return 1;
+}
 int tnt_ncpu(void) { return (int)starpu_cpu_worker_get_count(); }
 int tnt_nworkers(void) { return (int)starpu_worker_get_count(); }
 void tnt_pause(void) { starpu_pause(); }

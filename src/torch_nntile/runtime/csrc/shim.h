@@ -18,7 +18,10 @@ int64_t _tnt_input_error(int name, int code, int64_t value, int64_t dim, int64_t
 
 /* cdef begin */
 typedef void *tnt_handle;
-int tnt_init(int ncpu, const char *sched, int nice);
+int tnt_init(int ncpu, const char *sched, int nice, int mpi);
+int tnt_built_with_mpi(void);
+int tnt_mpi_rank(void);
+int tnt_mpi_size(void);
 void tnt_shutdown(void);
 int tnt_ncpu(void);
 int tnt_nworkers(void);
