@@ -65,7 +65,10 @@ def _lib() -> Any:
 
 
 _LIB = _lib()
-_CALLS: dict[Any, int] = {}  # (params, shapes, dtypes) -> the prepared call's address (0: none)
+# (params, shapes, dtypes) -> the prepared call's address (0: none). Apart from native's
+# record cache, which is bounded and cleared: a key seen again must find its call, not
+# prepare (and keep) another.
+_CALLS: dict[Any, int] = {}
 
 
 def last_error() -> BaseException:

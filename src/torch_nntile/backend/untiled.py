@@ -104,7 +104,6 @@ def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...],
             o.copy_(x)
 
 
-
 # Ops whose Meta kernel gives other shapes than their CPU kernel (embedding_bag's
 # bookkeeping outputs): they stay on the host.
 _META_DIFFERS = {"aten::_embedding_bag", "aten::_embedding_bag_forward_only"}
@@ -243,7 +242,7 @@ def record(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, ru
         plan = _split_plan(op, row, named, list(index), at, written, outs)
     if plan is not None:
         axes_in, axes_out, dims = plan
-        p_args, p_kw = _sized(op, row.sizes, dims, p_args, p_kw)
+        p_args, p_kw = _mark_extents(op, row.sizes, dims, p_args, p_kw)
         written = tuple(TILE_OUT if type(w) is not int else w for w in written)  # these ops write out= in place
         stats.BATCHED_CALLS[name] += 1
         values = batched_op(name, Kernel(run_untiled, run, p_args, p_kw, tuple(at), written), nodes, outs, axes_in,
@@ -393,7 +392,7 @@ def _further_axis(axis: Axis, named: dict[str, Any], returns: list[int], outs: l
     return by_input, by_result
 
 
-def _sized(op: Any, names: tuple[str, ...], dims: tuple[int, ...], p_args: tuple[Any, ...],
+def _mark_extents(op: Any, names: tuple[str, ...], dims: tuple[int, ...], p_args: tuple[Any, ...],
            p_kw: tuple[tuple[str, Any], ...]) -> tuple[tuple[Any, ...], tuple[tuple[str, Any], ...]]:
     """The kernel's arguments with those ``names`` (the batch size, or int lists of the
     lead argument's extents) holding ``Extent(i)`` where they give split dim ``i``'s
