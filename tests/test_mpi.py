@@ -5,6 +5,7 @@ mpirun."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 import torch_nntile
 from torch_nntile import launch
@@ -35,10 +37,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _launch(tmp_path, n: int, script: str = SCRIPT) -> subprocess.CompletedProcess:
+def _launch(tmp_path, n: int, script: str = SCRIPT, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / "prog.py"
     path.write_text(script)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI"))} | (extra or {})
     return subprocess.run([sys.executable, "-m", "torch_nntile.launch", "-n", str(n), str(path), str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=180)
 
@@ -54,6 +56,100 @@ def test_launch_runs_the_script_on_every_rank(tmp_path, n):
     for r in rows:
         assert r[1] == str(n) and r[2] == r[0] and r[3] == str(n)
         assert float(r[4]) == 0.0
+
+
+TRAIN = textwrap.dedent("""
+    import json, sys, torch, torch_nntile
+    from torch_nntile.report import info
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch_nntile.init_context(ncpu=1)
+    out, results = sys.argv[1], {}
+
+    def mlp(group):
+        # bias-free ReLU MLP, batch 96: its batch tiled unevenly, or its hidden dim (tensor parallel)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 48, bias=False), torch.nn.ReLU(),
+                                    torch.nn.Linear(48, 48, bias=False), torch.nn.ReLU(),
+                                    torch.nn.Linear(48, 10, bias=False)).to("nntile")
+        x, y = torch.randn(96, 32).to("nntile"), torch.randint(0, 10, (96,)).to("nntile")
+        torch_nntile.set_axis_group_name(x, {0: "batch"})
+        torch_nntile.set_axis_group_name(model[0].weight, {0: "hidden"})
+        torch_nntile.set_axis_group_tiling(group, [40, 32, 24] if group == "batch" else 16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        torch_nntile.set_axis_group_tiling(group, None)
+        return losses, model
+
+    def gpt2():
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=64,
+                         attn_implementation="eager", bos_token_id=0, eos_token_id=0)
+        model = GPT2LMHeadModel(cfg).to("nntile")
+        ids = torch.randint(0, 1000, (8, 64)).to("nntile")
+        torch_nntile.set_axis_group_name(ids, {0: "batch", 1: "seq"})
+        model.get_input_embeddings().register_forward_hook(
+            lambda mod, a, o: torch_nntile.set_axis_group_name(o, {0: "batch", 1: "seq"}))
+        torch_nntile.set_axis_group_tiling("batch", 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        for _ in range(10):
+            opt.zero_grad()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, model
+
+    for name, run in (("mlp-batch", lambda: mlp("batch")), ("mlp-hidden", lambda: mlp("hidden")), ("gpt2", gpt2)):
+        torch_nntile.reset_info()
+        losses, model = run()
+        weights = [p.detach().cpu() for p in model.parameters()]
+        results[name] = {"losses": losses, "mpi": info()["mpi"]}
+        torch.save(weights, f"{out}/{name}_{torch_nntile.world_size()}_{torch_nntile.rank()}.pt")
+    with open(f"{out}/train_{torch_nntile.world_size()}_{torch_nntile.rank()}.json", "w") as f:
+        json.dump(results, f)
+    torch_nntile.shutdown_context()
+""")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The three trainings over 1, 2 and 3 ranks (products pack nothing in one process
+    either, so that the kernels are the same everywhere)."""
+    tmp = tmp_path_factory.mktemp("train")
+    for n in (1, 2, 3):
+        out = _launch(tmp, n, TRAIN, {"TORCH_NNTILE_NO_PACK": "1"})
+        assert out.returncode == 0, out.stderr[-3000:]
+    return tmp
+
+
+@pytest.mark.parametrize("name", ["mlp-batch", "mlp-hidden", "gpt2"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_distributed_training_matches_one_process(trained, name, n):
+    """Tiles spread over n ranks (the batch tiles, or the MLP's hidden tiles): every rank
+    gets the losses and weights of one process, within 1e-6 relative (the task graph is the
+    same, only where each task runs differs); each rank ran part of the tasks and the
+    bytes one rank sent the others received."""
+    one = json.loads((trained / "train_1_0.json").read_text())[name]
+    want_w = torch.load(trained / f"{name}_1_0.pt")
+    sent = received = 0
+    for r in range(n):
+        got = json.loads((trained / f"train_{n}_{r}.json").read_text())[name]
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(one["losses"]), rtol=1e-6, atol=0)
+        for w, v in zip(torch.load(trained / f"{name}_{n}_{r}.pt"), want_w, strict=True):
+            torch.testing.assert_close(w, v, rtol=1e-6, atol=1e-6)
+        m = got["mpi"]
+        assert (m["rank"], m["world_size"]) == (r, n)
+        assert m["tasks_here"] > 0 and m["tasks_elsewhere"] > 0
+        sent, received = sent + m["bytes_sent"], received + m["bytes_received"]
+    assert one["mpi"] is None  # one process: nothing distributed
+    assert sent == received > 0
 
 
 def test_a_failing_rank_fails_the_launch(tmp_path):

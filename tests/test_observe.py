@@ -25,7 +25,7 @@ PHASES = {"record", "ingress", "fallback", "compile", "compile.reuse", "compile.
 INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "ops_pruned", "compiles_reused", "compiles_lowered",
              "compiles_checked", "tiles_live", "tiles_peak", "tiles_registered", "tiles_spare", "tile_bytes", "bytes_in",
              "bytes_out", "out_of_core", "bytes_evicted", "bytes_loaded", "data_wait_s", "hint_evictions",
-             "hint_evictions_declined", "dry_run"}
+             "hint_evictions_declined", "dry_run", "mpi"}
 
 _groups = itertools.count()
 

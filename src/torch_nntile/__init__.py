@@ -63,7 +63,7 @@ __all__ = [
     "format_axis_groups",
     "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
     "pending_op_names", "print_axis_groups", "print_info", "rank", "reset_info", "restore_where", "restrict_cpu",
-    "restrict_cuda", "run", "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
+    "restrict_cuda", "run", "set_axis_group_distribution", "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
     "start_trace", "stop_trace", "TileMemoryError", "trace", "wait", "world_size",
 ]
 
@@ -140,6 +140,17 @@ def set_axis_group_tiling(name: str, tiling: int | list[int] | tuple[int, ...] |
         _axes.clear_tiling(name)
     else:
         _axes.set_tiling(name, tiling)
+
+
+def set_axis_group_distribution(name: str, rule: str | list[int] | tuple[int, ...] | None) -> None:
+    """How the named group's tiles map to the ranks of a run over several processes.
+
+    ``"cyclic"`` (tile i on rank i % world_size, the default of a tiled group),
+    ``"block"`` (consecutive tiles together), a list of one rank per tile, or ``"none"``
+    (this group does not decide where tiles live). None goes back to the default. A
+    value's tiles are owned by the rank its distributed dims give; tasks run where what
+    they write is owned. Over one process it has no effect."""
+    _axes.set_distribution(name, rule)
 
 
 def format_axis_groups() -> str:

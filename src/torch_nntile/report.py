@@ -60,7 +60,9 @@ def info() -> dict[str, Any]:
     ``tiles_spare`` is how many such spares are kept now, ``tile_bytes`` the bytes
     of every tile's handle, spares included (out of core, in RAM or on disk). ``ops_pruned`` counts
     recorded ops whose results nothing could read by compile time (not lowered).
-    ``dry_run`` names the active dry-run switch, if any. Out of core
+    ``dry_run`` names the active dry-run switch, if any. Over several processes, ``mpi``
+    gives this rank, the world size, the bytes of tiles it sent and received and the
+    tasks it ran (``tasks_here``) and left to the other ranks (``tasks_elsewhere``). Out of core
     (``init_context(memory_limit=...)``), ``out_of_core`` gives the limit and swap
     folder, ``bytes_evicted`` and ``bytes_loaded`` what StarPU wrote to the swap disk
     and read back, ``data_wait_s`` the seconds workers waited for tiles to arrive, and
@@ -95,6 +97,7 @@ def info() -> dict[str, Any]:
         "hint_evictions": c["hint_evictions"],
         "hint_evictions_declined": c["hint_evictions_declined"],
         "dry_run": _dry_run(),
+        "mpi": rt.dist_info() if rt is not None else None,
     }
 
 
@@ -133,6 +136,11 @@ def format_info() -> str:
     lines.append(f"tiles live: {d['tiles_live']}, peak {d['tiles_peak']}; new StarPU handles: "
                  f"{d['tiles_registered']}, spare handles kept for reuse: {d['tiles_spare']}")
     lines.append(f"bytes in: {_mb(d['bytes_in'])}, out: {_mb(d['bytes_out'])}")
+    if d["mpi"] is not None:
+        m = d["mpi"]
+        lines.append(f"rank {m['rank']} of {m['world_size']}: sent {_mb(m['bytes_sent'])}, received "
+                     f"{_mb(m['bytes_received'])}; tasks run here {m['tasks_here']}, on other ranks "
+                     f"{m['tasks_elsewhere']}")
     if d["out_of_core"] is not None:
         lines.append(f"out of core, limit {_mb(d['out_of_core']['memory_limit'])}: evicted to disk "
                      f"{_mb(d['bytes_evicted'])}, loaded back {_mb(d['bytes_loaded'])}; workers waited "
@@ -148,6 +156,9 @@ def print_info() -> None:
 def reset_info() -> None:
     """Zero the phase times, counters and metrics (tiles live are kept; peak restarts from them)."""
     stats.reset()
+    rt = _live_runtime()
+    if rt is not None:
+        rt.dist_info(reset=True)
 
 
 # -- metrics -------------------------------------------------------------------

@@ -99,6 +99,10 @@ class Captured:
                 raise CaptureError(f"capture: argument {i} is a tensor on {a.device}; a captured step takes nntile "
                                    "tensors (move it with .to('nntile') outside the step)")
         self.calls += 1
+        if SESSION_STATE.runtime().distributed:  # a replay reuses tiles across values: a rank's tiles are its own
+            stats.warn_user("torch_nntile: capture does not replay over several processes yet; the step is "
+                            "recorded on each call")
+            return self.fn(*args, **kwargs)
         if self._program is not None:
             t0 = stats.enter()
             try:

@@ -46,6 +46,11 @@ _ALL: weakref.WeakSet[AxisGroup] = weakref.WeakSet()
 _NAMES: dict[str, weakref.ref[AxisGroup]] = {}
 # Name -> tiling (tuple of tile sizes, or an int tile size).
 _TILINGS: dict[str, int | tuple[int, ...]] = {}
+# Name -> how its tiles map to the ranks of an MPI world: "cyclic", "block", "none", or a
+# rank per tile. A tiled group without one is "cyclic" (tiling/distribution.py).
+_DISTRIBUTIONS: dict[str, str | tuple[int, ...]] = {}
+DISTRIBUTION_RULES = ("cyclic", "block", "none")
+_DIST_VERSION = [0]  # changes with every rule set: a lowered step is kept per version
 
 
 MAX_LINKS = 4  # derivation links a merged group keeps (groups merged every step must not grow)
@@ -134,6 +139,40 @@ def set_tiling(name: str, tiling: int | list[int] | tuple[int, ...]) -> None:
     g = group_by_name(name)
     sizes = normalize_tiling(tiling, g.extent, repr(name))
     _TILINGS[name] = tiling if isinstance(tiling, int) else sizes
+
+
+def set_distribution(name: str, rule: str | list[int] | tuple[int, ...] | None) -> None:
+    """How the tiles of ``name``'s group map to ranks; None goes back to the default."""
+    group_by_name(name)
+    if rule is None:
+        _DISTRIBUTIONS.pop(name, None)
+    elif isinstance(rule, str):
+        if rule not in DISTRIBUTION_RULES:
+            raise ValueError(f"axis group {name!r}: distribution must be one of {list(DISTRIBUTION_RULES)} or a "
+                             f"list of ranks, got {rule!r}")
+        _DISTRIBUTIONS[name] = rule
+    else:
+        ranks = tuple(rule)
+        if not ranks or any(type(r) is not int or r < 0 for r in ranks):
+            raise ValueError(f"axis group {name!r}: a distribution list holds a rank (an int >= 0) per tile, "
+                             f"got {list(ranks)}")
+        _DISTRIBUTIONS[name] = ranks
+    _DIST_VERSION[0] += 1
+
+
+def distribution_of(root: AxisGroup) -> str | tuple[int, ...]:
+    """The distribution rule of a root group (the first of its names that has one), else
+    "cyclic"."""
+    if _DISTRIBUTIONS:
+        for n in root.names():
+            rule = _DISTRIBUTIONS.get(n)
+            if rule is not None:
+                return rule
+    return "cyclic"
+
+
+def distribution_version() -> int:
+    return _DIST_VERSION[0]
 
 
 def clear_tiling(name: str) -> None:

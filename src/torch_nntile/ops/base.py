@@ -317,6 +317,29 @@ def sum_pairwise(ctx: Lowering, heads: list[tuple[TileArray, tuple[int, ...]]], 
         heads = nxt
 
 
+def _place_sum(ctx: Lowering, out: TileArray, idx: tuple[int, ...], parts: list[tuple[Kernel, Kernel, list[Arg]]]) -> None:
+    """Over several ranks: a sum whose parts read tiles of several ranks (a weight's
+    gradient over the batch tiles), into a tile no rule owns, lives on the rank with
+    the most parts, ties broken in turn (so that the gradients spread over the ranks);
+    by default it would follow its first part's rank. Only where the sum runs changes,
+    not how it adds."""
+    rt = ctx.rt
+    h = out.handles[out.flat(idx)]
+    if rt.owner_of(h) >= 0:
+        return
+    count: dict[int, int] = {}
+    for _w, _a, args in parts:
+        a = args[0]
+        o = rt.owner_of(a.arr.handles[a.arr.flat(a.idx)])
+        if o >= 0:
+            count[o] = count.get(o, 0) + 1
+    if len(count) < 2:
+        return
+    most = max(count.values())
+    best = sorted(o for o, n in count.items() if n == most)
+    rt.pin_owner(h, best[rt.next_turn() % len(best)])
+
+
 def reduce_into(
     ctx: Lowering,
     out: TileArray,
@@ -337,6 +360,8 @@ def reduce_into(
     already holds a value (a bias) that the first chain accumulates onto.
     """
     nchains = max(1, min(nchains, len(parts)))
+    if ctx.world > 1:
+        _place_sum(ctx, out, idx, parts)
     shape = out.tile_shape(idx)
     zero = (0,) * len(shape)
     heads: list[tuple[TileArray, tuple[int, ...]]] = [(out, idx)]

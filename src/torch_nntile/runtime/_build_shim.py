@@ -78,7 +78,7 @@ ffibuilder.set_source(
     "torch_nntile.runtime._shim",
     '#include "shim.h"\n',
     sources=[os.path.relpath(os.path.join(_CSRC, f))
-             for f in ("shim.c", "memory.c", "disk.c", "failures.c", "submit.c", "products.c", "share.c",
+             for f in ("shim.c", "memory.c", "disk.c", "failures.c", "submit.c", "products.c", "share.c", "dist.c",
                        "ew.c", "rows.c", "nn.c", "typed.c", "gemm.c")],
     include_dirs=[_CSRC],
     extra_compile_args=_cflags + ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wextra",

@@ -79,6 +79,14 @@ class Runtime(TileMemory, Submission, Workers, Swap):
             self.lib.tnt_set_managed(0)
             raise RuntimeError(f"{'starpu_mpi_init_conf' if mpi else 'starpu_init'} failed with code {rc}")
         self.rank, self.world_size = int(self.lib.tnt_mpi_rank()), int(self.lib.tnt_mpi_size())
+        # Over several ranks every tile has an owner and a tag (runtime/csrc/dist.c): each
+        # handle holds one value for its whole life (no spares), so that the ranks, which
+        # submit the same tasks, agree on them without talking.
+        self.distributed = self.world_size > 1
+        if self.distributed and ooc is not None:
+            self.lib.tnt_shutdown()
+            self.lib.tnt_set_managed(0)
+            raise NotImplementedError("torch_nntile: out-of-core memory over several processes is not supported yet")
         self.ooc = ooc
         self._stuck: str | None = None  # out of core, why StarPU is stuck (Swap.check_stall)
         if ooc is not None:
@@ -105,7 +113,11 @@ class Runtime(TileMemory, Submission, Workers, Swap):
         # move would sit outside the limit (a medium GPT-2's step packs 389 MiB). The
         # results then differ from an in-memory run's by rounding (plain sgemm instead
         # of the packed one); with packing off on both, they are the same bits.
-        self.lib.tnt_set_pack(*((0, 0, 0) if ooc is not None else blas[3:]))
+        # Over several ranks a packed B read by a product on another rank would be sent
+        # there, and MKL's packed format does not survive the move either (SIGFPE in MKL).
+        # TORCH_NNTILE_NO_PACK=1 packs nothing in one process too: the same bits as over several.
+        self.packs_b = ooc is None and not self.distributed and not stats.env_flag("TORCH_NNTILE_NO_PACK")
+        self.lib.tnt_set_pack(*(blas[3:] if self.packs_b else (0, 0, 0)))
         # Float32 products on a B tile shared by several row tiles (packed once), and
         # large ones on a B read as stored, run the shim's own AVX-512 kernels on AMD
         # CPUs, where they beat MKL's; elsewhere MKL's packed API and sgemm.
@@ -124,6 +136,8 @@ class Runtime(TileMemory, Submission, Workers, Swap):
         # spares are guarded by a lock; reentrant, as a tile can die (garbage
         # collection) while the lock is held.
         self._size: dict[Any, tuple[int, int]] = {}  # every registered handle -> (items, item size)
+        self._owner: dict[Any, int] = {}  # over several ranks, every registered handle -> its owner as registered
+        self._turn = 0  # next_turn()
         self._spares: dict[tuple[int, int], list[Any]] = {}
         self._spare_lock = threading.RLock()
         self._wanted: dict[tuple[int, int], int] = {}  # size -> compile count when last asked for
@@ -194,6 +208,7 @@ class Runtime(TileMemory, Submission, Workers, Swap):
         for h in self._size:
             self.lib.tnt_unregister_now(h)
         self._size.clear()
+        self._owner.clear()
         self._spares.clear()
         self._no_memory.clear()
         self._unnamed.clear()

@@ -28,15 +28,19 @@ class TileMemory:
     """Tile handles, their memory and the spares: a part of ``Runtime`` (runtime/context.py
     sets up its state)."""
 
-    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
+    def register_many(self, sizes: list[int], elemsize: int, owners: list[int] | None = None) -> list[Any]:
         """Handles for the tiles of one value, of ``sizes`` items each: for each, a spare
         of that size, else a new one.
 
         A spare's old content is garbage; every tile's first task writes it (W). A
         tile that gets no memory, even after the spares are freed, still gets a
         handle: the values that need it fail when read (``TileMemoryError``).
+        Over several ranks each tile is a new handle, owned by its rank in ``owners``
+        (None, or -1: by the rank of the first task that writes it).
         """
         stats.tiles_added(len(sizes))
+        if self.distributed:
+            return self._register_dist(sizes, elemsize, owners)
         keys = [(max(n, 1), elemsize) for n in sizes]
         wanted, compiles = self._wanted, self._compiles
         out: list[Any] = []
@@ -72,6 +76,47 @@ class TileMemory:
             self._no_memory[h] = self._unnamed[h] = f
         return h
 
+    def _register_dist(self, sizes: list[int], elemsize: int, owners: list[int] | None) -> list[Any]:
+        """New handles owned as ``register_many`` says, with tags in registration order
+        (the same on every rank). StarPU allocates their memory where a rank needs it."""
+        reg, size, owner_of = self.lib.tnt_register_dist, self._size, self._owner
+        out = []
+        for k, n in enumerate(sizes):
+            owner = -1 if owners is None else owners[k]
+            h = reg(max(n, 1), elemsize, owner)
+            size[h] = (max(n, 1), elemsize)
+            owner_of[h] = owner
+            out.append(h)
+        stats.COUNTS["tiles_registered"] += len(sizes)
+        return out
+
+    def owner_of(self, h: Any) -> int:
+        """Over several ranks, the owner handle ``h`` was registered with (or pinned to):
+        -1 where the first task writing it decides."""
+        return self._owner.get(h, -1)
+
+    def pin_owner(self, h: Any, rank: int) -> None:
+        """Give a tile registered without an owner, before any task of it is submitted, the
+        owner ``rank`` (the lowering of a sum over several ranks' tiles chooses it)."""
+        self._owner[h] = rank
+        self.lib.tnt_set_owner(h, rank)
+
+    def next_turn(self) -> int:
+        """A counter every rank advances alike, in lowering order: ties between ranks are
+        broken in turn."""
+        self._turn += 1
+        return self._turn
+
+    def dist_info(self, reset: bool = False) -> dict[str, int] | None:
+        """Over several ranks: this rank's bytes sent and received (tiles StarPU-MPI moved)
+        and the tasks it ran and left to other ranks, since the start or the last reset."""
+        if not self.distributed:
+            return None
+        out = self.ffi.new("int64_t[4]")
+        self.lib.tnt_dist_stats(out, int(reset))
+        return {"rank": self.rank, "world_size": self.world_size, "bytes_sent": out[0], "bytes_received": out[1],
+                "tasks_here": out[2], "tasks_elsewhere": out[3]}
+
     def too_big(self, tasks: list[Any]) -> list[tuple[int, int]]:
         """Out of core: (index, bytes) of the tasks among ``tasks`` whose tiles need more
         than a worker's share of ``memory_limit`` at once (each tile as the whole pages
@@ -91,9 +136,13 @@ class TileMemory:
                 out.append((i, nbytes))
         return out
 
-    def reuse_key(self, h: Any) -> tuple[int, int] | None:
+    def reuse_key(self, h: Any) -> tuple[int, ...] | None:
         """The size of handle ``h`` (items, item size), or None if it may not hold another
-        tile (it got no memory: a new tile of its size may find some)."""
+        tile (it got no memory: a new tile of its size may find some). Over several ranks
+        its owner comes third (-1: the rank that writes it first), and no handle holds
+        another tile (``Lowering`` gives none away)."""
+        if self.distributed:
+            return (*self._size[h], self._owner[h])
         return None if h in self._no_memory else self._size[h]
 
     def _free_spares_now(self) -> None:
@@ -117,7 +166,14 @@ class TileMemory:
 
     def release(self, handles: list[Any]) -> None:
         """Return dead tiles' handles to the spares (safe from any thread, after shutdown too)."""
-        if self.alive:
+        if self.alive and self.distributed:  # no spares: a handle holds one value (see _register_dist)
+            stats.tiles_added(-len(handles))
+            unreg, size, owner = self.lib.tnt_unregister_submit, self._size, self._owner
+            for h in handles:  # after their tasks (no kick: this may run inside a submission's lock)
+                del size[h]
+                owner.pop(h, None)
+                unreg(h)
+        elif self.alive:
             stats.tiles_added(-len(handles))
             size, spares, bad = self._size, self._spares, self._no_memory
             with self._spare_lock:

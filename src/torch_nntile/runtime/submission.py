@@ -199,21 +199,23 @@ class Submission:
         _CLOSURES.update({key0 + i: (fn, specs, name, notify if i == last else None)
                           for i, fn, specs, name in b.closures})
         ffi = self.ffi
-        out = ffi.new("int[2]")  # tasks that went in, StarPU's error
+        out = ffi.new("int[3]")  # tasks that went in, StarPU's error, those run on this rank
+        here = ffi.new("uint8_t[]", n) if self.distributed else ffi.NULL  # per task: run on this rank
         nhint, hint = self._plan_hints(b, handles) if self.ooc is not None else (0, ffi.NULL)
         # The batch goes to StarPU in one C call that does not hold the GIL, so the
         # workers keep running (and Python kernels keep their turns) while it goes in.
         args = (n, key0, b.nbufs, ffi.new("tnt_handle[]", handles), b.modes, b.ngemm, b.gemm, b.coef, b.n_ew, b.ew,
-                b.ewc, nhint, hint, int(stats.TRACE is not None), self.where, int(notify is not None), out)
+                b.ewc, nhint, hint, int(stats.TRACE is not None), self.where, int(notify is not None), out, here)
         try:
             with self._lock:
                 try:
                     self.lib.tnt_submit_batch(*args)
                 finally:
                     done = self.sent = out[0]
-                    self.tasks_submitted += done
-                    stats.COUNTS["tasks_submitted"] += done
-                    if done and self.paused:
+                    local = out[2]
+                    self.tasks_submitted += local
+                    stats.COUNTS["tasks_submitted"] += local
+                    if local and self.paused:
                         self.lib.tnt_resume()
                         self.paused = False
                     self._epoch += 1
@@ -222,6 +224,10 @@ class Submission:
             if out[0] < n:
                 for key in range(key0 + out[0], key0 + n):
                     _CLOSURES.pop(key, None)
+            if here:  # another rank runs these: their kernels are not called here
+                for i, _fn, _specs, _name in b.closures:
+                    if i < out[0] and not here[i]:
+                        _CLOSURES.pop(key0 + i, None)
         if done < n:
             tasks = b.tasks(handles)
             name = tasks[done][4]
@@ -286,7 +292,7 @@ class Submission:
     def pack_size(self, m: int, n: int, k: int) -> int:
         """Bytes of a float32 B operand (k x n) packed for products with ``m`` rows, or 0
         when products do not run natively with a BLAS that packs."""
-        if not self.native_gemm or _SKIP_KERNELS:
+        if not self.native_gemm or _SKIP_KERNELS or not self.packs_b:  # see tnt_set_pack in context.py
             return 0
         return int(self.lib.tnt_pack_size(m, n, k))
 

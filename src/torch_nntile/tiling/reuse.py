@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from torch_nntile import stats
-from torch_nntile.graph.axes import describe
+from torch_nntile.graph.axes import describe, distribution_version
 from torch_nntile.graph.nodes import OpNode
 from torch_nntile.kernels import CpuScalar, Gemm, Kernel, Marker, PackB
 from torch_nntile.tiling import _structure  # type: ignore[attr-defined]
@@ -106,7 +106,7 @@ class Structure:
         self.nodes: list[Any] = []
         self.values: list[TileArray] = []
         self.slot_of: dict[Any, int] = {}
-        parts: list[Any] = [ctx.ncpu]
+        parts: list[Any] = [ctx.ncpu, ctx.world, distribution_version() if ctx.world > 1 else 0]
         _structure.parts(ops, parts, _op_attrs, _attr_key, ctx.plan_tiling, ctx.planned,
                          (self.nodes, self.values, self.slot_of, Uncacheable))
         self.key = Key(tuple(parts))
@@ -229,8 +229,8 @@ class Template:
     same: tuple[tuple[_Hole, _Hole], ...]  # holes that were one object (one hole stands for both in the recipes)
     cooked: tuple[list[Any], list[Any]] | None  # the holes' values and the kernels made of them, last binding
     tasks: tuple[tuple[int, tuple[int, ...], list[int], list[Any], str], ...]  # kernel, slots, modes, specs, name
-    fresh: tuple[tuple[int, int], ...]  # per new slot, (items, item size)
-    fresh_by_size: tuple[tuple[int, tuple[int, ...], list[int]], ...]  # item size, its new slots, their items
+    fresh: tuple[tuple[int, ...], ...]  # per new slot, (items, item size), and over several ranks its owner
+    fresh_by_size: tuple[tuple[tuple[int, ...], tuple[int, ...], list[int]], ...]  # (item size[, owner]), slots, items
     arrays: tuple[tuple[Any, ...], ...]  # shape, dtype, tiling, own slots | None, base, order, (op, output), label
     temps: tuple[int, ...]  # new slots no value keeps: released once the tasks were submitted
     retiles: tuple[tuple[str, tuple[int, int], int], ...]  # re-tilings counted: op, (op, output) re-tiled, dim
@@ -274,7 +274,7 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure) -> Template:
     slot_of = dict(st.slot_of)
     n_ext = len(slot_of)
     rt = ctx.rt
-    fresh: list[tuple[int, int]] = []  # per new slot: (items, item size)
+    fresh: list[tuple[int, ...]] = []  # per new slot: rt.reuse_key
 
     def slot(h: Any) -> int:
         s = slot_of.get(h)
@@ -345,10 +345,10 @@ def build(ctx: Lowering, pre: list[OpNode], st: Structure) -> Template:
     t.cooked = None
     t.tasks = tuple(tasks)
     t.fresh = tuple(fresh)
-    by_size: dict[int, list[int]] = {}
-    for k, (_, elemsize) in enumerate(fresh):
-        by_size.setdefault(elemsize, []).append(k)
-    t.fresh_by_size = tuple((elemsize, tuple(ks), [fresh[k][0] for k in ks]) for elemsize, ks in by_size.items())
+    by_size: dict[tuple[int, ...], list[int]] = {}
+    for k, key in enumerate(fresh):
+        by_size.setdefault(key[1:], []).append(k)  # item size, and over several ranks the owner
+    t.fresh_by_size = tuple((rest, tuple(ks), [fresh[k][0] for k in ks]) for rest, ks in by_size.items())
     t.arrays = tuple(tuple(a) for a in arrays)
     t.temps = tuple(s for s in range(n_ext, len(slot_of)) if s not in owned)
     try:
@@ -367,8 +367,9 @@ def instantiate(t: Template, ctx: Lowering, ops: list[OpNode], st: Structure) ->
     for h, s in st.slot_of.items():
         slots[s] = h
     n_ext = len(st.slot_of)
-    for elemsize, ks, sizes in t.fresh_by_size:
-        for k, h in zip(ks, rt.register_many(sizes, elemsize)):
+    for rest, ks, sizes in t.fresh_by_size:
+        owners = [rest[1]] * len(sizes) if len(rest) > 1 else None
+        for k, h in zip(ks, rt.register_many(sizes, rest[0], owners)):
             slots[n_ext + k] = h
     keep = ctx.keep
     keep.extend(st.values)

@@ -20,6 +20,7 @@ from torch_nntile.kernels import KERNEL_TYPES, Kernel, KernelData, native
 from torch_nntile.runtime.context import Runtime
 from torch_nntile.runtime.interrupts import in_finalizer, install, interrupt_later
 from torch_nntile.runtime.submission import RW, R, TileSpec, W
+from torch_nntile.tiling.distribution import tile_owners
 
 Tiling = tuple[tuple[int, ...], ...]
 REUSE_DISTANCE = 8
@@ -66,7 +67,8 @@ class TileArray:
     __slots__ = ("shape", "dtype", "tiling", "grid", "handles", "specs", "offs", "rt", "base", "__weakref__")
 
     def __init__(self, rt: Runtime, shape: tuple[int, ...], dtype: torch.dtype, tiling: Tiling,
-                 base: TileArray | None = None, order: list[int] | None = None, source: Any = None) -> None:
+                 base: TileArray | None = None, order: list[int] | None = None, source: Any = None,
+                 owners: list[int] | None = None) -> None:
         self.rt = rt
         self.shape = shape
         self.dtype = dtype
@@ -77,7 +79,9 @@ class TileArray:
             layout = _layout(tiling, dtype)
         self.grid, self.offs, self.specs, sizes = layout
         if base is None:  # ``source``: where handles come from, if not the runtime (``Lowering.register_many``)
-            self.handles = (source or rt).register_many(sizes, dtype.itemsize)
+            src = source or rt  # ``owners``: over several ranks, each tile's (tiling/distribution.py)
+            self.handles = src.register_many(sizes, dtype.itemsize) if owners is None else \
+                src.register_many(sizes, dtype.itemsize, owners)
         else:  # tile k is the base's tile order[k], the same bytes in another shape
             self.handles = [base.handles[f] for f in order]
 
@@ -130,7 +134,7 @@ class PlanHandles:
         self.pack_size = rt.pack_size
         self._tokens = itertools.count()
 
-    def register_many(self, sizes: list[int], elemsize: int) -> list[int]:
+    def register_many(self, sizes: list[int], elemsize: int, owners: list[int] | None = None) -> list[int]:
         return [next(self._tokens) for _ in sizes]
 
     def release(self, handles: list[Any]) -> None:
@@ -146,7 +150,7 @@ class Given:
     def __init__(self, handles: list[Any]) -> None:
         self.handles = handles
 
-    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
+    def register_many(self, sizes: list[int], elemsize: int, owners: list[int] | None = None) -> list[Any]:
         return self.handles
 
 
@@ -197,7 +201,9 @@ class Lowering:
         self.ops: list[Any] = []  # the ops of this compile, in record order
         self.op: Any = None  # the op being lowered
         self.op_index: dict[Any, int] = {}
-        self.reuses_memory = isinstance(rt, Runtime)  # not when only planning (dumps): tiles stay distinct there
+        # not when only planning (dumps): tiles stay distinct there; nor over several ranks (a handle holds one value)
+        self.reuses_memory = isinstance(rt, Runtime) and not rt.distributed
+        self.world = rt.world_size if isinstance(rt, Runtime) else 1  # ranks the tiles of a value spread over
         self.dying: dict[int, list[Any]] = {}  # op index -> the nodes that die after it
         self._viewed: set[int] = set()  # id(array) of arrays other arrays view: never given away
         # (items, item size) -> (handle, len(tasks) when its value died), free for reuse
@@ -241,12 +247,13 @@ class Lowering:
             for n in op.outputs:
                 tiling(n)
 
-    def register_many(self, sizes: list[int], elemsize: int) -> list[Any]:
+    def register_many(self, sizes: list[int], elemsize: int, owners: list[int] | None = None) -> list[Any]:
         """Handles for a new array: dead values' of this compile where there are (dead
-        for REUSE_DISTANCE tasks at least), else the runtime's."""
+        for REUSE_DISTANCE tasks at least), else the runtime's (over several ranks, where
+        nothing is given away, owned as ``owners`` says)."""
         pool = self._pool
         if not pool:
-            return self.rt.register_many(sizes, elemsize)
+            return self.rt.register_many(sizes, elemsize, owners)
         out = []
         ripe = len(self.tasks) - REUSE_DISTANCE
         for n in sizes:
@@ -320,8 +327,9 @@ class Lowering:
     # -- values -----------------------------------------------------------
     def output(self, node: Any, tiling: Tiling | None = None) -> TileArray:
         """The tiles an op writes for ``node``: planned, or ``tiling`` (re-tiled after)."""
-        arr = TileArray(self.rt, node.shape, node.dtype, tiling if tiling is not None else self.tiling(node),
-                        source=self)
+        tiling = tiling if tiling is not None else self.tiling(node)
+        owners = tile_owners(node.axes, tiling, self.world) if self.world > 1 else None
+        arr = TileArray(self.rt, node.shape, node.dtype, tiling, source=self, owners=owners)
         self.values[node] = arr
         self.keep.append(arr)
         return arr

@@ -3,7 +3,8 @@
    memory and handles (memory.c), task submission in batches and the codelets that run
    tiles in C (elementwise and row programs from ew.c / rows.c / typed.c) or through
    the Python callback (submit.c), products through BLAS (products.c), large tasks
-   shared with an idle worker (share.c), failures carried by tiles, waits, and the
+   shared with an idle worker (share.c), tasks placed on the ranks of an MPI world
+   (dist.c), failures carried by tiles, waits, and the
    per-kernel counts and trace events (failures.c).
 
    Here: starting StarPU (its codelets, its workers' niceness and idle hook) and
@@ -96,6 +97,8 @@ int tnt_init(int ncpu, const char *sched, int nice, int mpi)
 #ifdef TNT_MPI
         rc = starpu_mpi_init_conf(NULL, NULL, 1, MPI_COMM_WORLD, &conf);
         tnt_mpi_on = rc == 0;
+        if (tnt_mpi_on)
+            tnt_dist_start(starpu_mpi_world_rank(), starpu_mpi_world_size());
 #else
         rc = -ENOSYS;
 #endif
@@ -116,6 +119,7 @@ void tnt_shutdown(void)
 #ifdef TNT_MPI
     if (tnt_mpi_on) {  /* StarPU's shutdown, then MPI's (StarPU-MPI initialised it) */
         tnt_mpi_on = 0;
+        tnt_dist_start(0, 1);
         starpu_mpi_shutdown();
         return;
     }

@@ -22,6 +22,9 @@ int tnt_init(int ncpu, const char *sched, int nice, int mpi);
 int tnt_built_with_mpi(void);
 int tnt_mpi_rank(void);
 int tnt_mpi_size(void);
+tnt_handle tnt_register_dist(size_t nelems, size_t elemsize, int owner);
+void tnt_dist_stats(int64_t *out, int reset);
+void tnt_set_owner(tnt_handle h, int owner);
 void tnt_shutdown(void);
 int tnt_ncpu(void);
 int tnt_nworkers(void);
@@ -53,7 +56,8 @@ int tnt_set_own_sgemm(int on);
 void tnt_set_aten(uintptr_t run);
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
-                     int nhint, int32_t *hint, int trace, uint32_t where, int urgent_last, int *out);
+                     int nhint, int32_t *hint, int trace, uint32_t where, int urgent_last, int *out,
+                     uint8_t *here);
 int64_t tnt_gemm_done(void);
 void tnt_gemm_take_stats(int worker, int name, int64_t *calls, double *seconds);
 int64_t tnt_gemm_event_count(void);

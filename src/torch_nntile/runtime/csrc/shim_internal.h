@@ -1,4 +1,4 @@
-/* What the shim's files (shim.c, memory.c, disk.c, failures.c, submit.c, products.c, share.c)
+/* What the shim's files (shim.c, memory.c, disk.c, failures.c, submit.c, products.c, share.c, dist.c)
    share with each other: not part of its interface (shim.h), which is all Python sees.
    Each is described where it is defined. */
 #ifndef TNT_SHIM_INTERNAL_H
@@ -60,6 +60,14 @@ int tnt_gemm_split(struct tnt_gemm_part *p, struct tnt_gemm_part *rest);
 void tnt_blas_single(void);
 int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, double alpha, double beta,
                     int64_t key, int trace, uint32_t where, struct tnt_hints *hints);
+
+/* dist.c */
+#define TNT_DIST_ALL (-2)  /* tnt_dist_place: every rank runs the task */
+extern int tnt_dist_on;
+void tnt_dist_start(int me, int size);
+int tnt_dist_place(int n, tnt_handle *handles, int *modes, int prio);
+void tnt_dist_after(int n, tnt_handle *handles, int *modes, int x, int prio);
+int tnt_dist_here(int x);
 
 /* share.c */
 int tnt_help(void);

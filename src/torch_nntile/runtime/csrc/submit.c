@@ -62,23 +62,38 @@ int tnt_set_buffers(struct starpu_task *task, int n, tnt_handle *handles, int *m
 
 /* Set a task's buffers and submit it; out of core, ``hints`` (or NULL) run once it has
    run (disk.c). They are the task's: freed with it, or here if it cannot be sent (as
-   the builders below free them where they fail before this). */
+   the builders below free them where they fail before this). Over several ranks
+   (dist.c) a task another rank runs is not submitted here: 1, the task destroyed. */
 int tnt_send(struct starpu_task *task, int n, tnt_handle *handles, int *modes, struct tnt_hints *hints)
 {
     if (tnt_set_buffers(task, n, handles, modes)) {
         free(hints);
         return -ENOMEM;
     }
+    int x = 0;
+    if (tnt_dist_on) {
+        x = tnt_dist_place(n, handles, modes, task->priority);
+        if (!tnt_dist_here(x)) {
+            free(hints);
+            task->destroy = 0;
+            starpu_task_destroy(task);
+            tnt_dist_after(n, handles, modes, x, 0);
+            return 1;
+        }
+    }
     if (hints != NULL) {
         task->epilogue_callback_func = tnt_hints_run;  /* before the task's dependents, which may unregister */
         task->epilogue_callback_arg = hints;
         task->epilogue_callback_arg_free = 1;
     }
+    int prio = task->priority;
     int rc = starpu_task_submit(task);
     if (rc != 0 && hints != NULL) {
         task->epilogue_callback_arg = NULL;
         free(hints);
     }
+    if (tnt_dist_on)
+        tnt_dist_after(n, handles, modes, x, prio);
     return rc;
 }
 
@@ -180,7 +195,7 @@ static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_
     task->cl_arg_free = 1;
     task->where = where;
     int rc = tnt_send(task, nbuf, handles, modes, hints);
-    if (rc != 0 && blob)
+    if (rc != 0 && blob)  /* not submitted (or run by another rank) */
         tnt_blob_release(blob);
     return rc;
 }
@@ -196,12 +211,16 @@ static int tnt_submit_ew(int nbuf, tnt_handle *handles, int *modes, const int32_
    the first that did not. With urgent_last the last task (a readout, which the host
    waits for) gets the highest priority: it runs as soon as its tiles are ready, not
    after the tasks queued before it. Out of core, nhint tasks get hints: tiles they evict
-   once run (records by task index: task index, count, then as many positions in handles). */
+   once run (records by task index: task index, count, then as many positions in handles).
+   Over several ranks, here[i] says whether task i runs on this one (out[2] counts them);
+   here is NULL otherwise. */
 int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *modes,
                      int ngemm, int *gemm, double *coef, int new, int32_t *ew, double *ewc,
-                     int nhint, int32_t *hint, int trace, uint32_t where, int urgent_last, int *out)
+                     int nhint, int32_t *hint, int trace, uint32_t where, int urgent_last, int *out,
+                     uint8_t *here)
 {
     out[0] = 0;
+    out[2] = 0;
     int off = 0, g = 0, e = 0, h = 0;
     for (int i = 0; i < n; i++) {
         int r;
@@ -227,10 +246,13 @@ int tnt_submit_batch(int n, int64_t key0, int *nbufs, tnt_handle *handles, int *
         } else {
             r = tnt_submit(key0 + i, nbufs[i], handles + off, modes + off, where, urgent_last && i == n - 1, hints);
         }
-        if (r != 0) {
+        if (r < 0) {
             out[1] = r;
             return i;
         }
+        if (here != NULL)
+            here[i] = r == 0;
+        out[2] += r == 0;
         out[0] = i + 1;
         off += nbufs[i];
     }

@@ -1,0 +1,203 @@
+/* Tiles distributed over the processes of an MPI world (StarPU-MPI): every process
+   submits the same tasks in the same order; each tile has an owner rank and an MPI tag;
+   a task runs on one rank, which receives the tiles it reads from their owners, and the
+   other ranks skip it (they still take part: an owner sends what the task reads).
+
+   Owners are data that every rank derives alike, without talking:
+   - a tile of a value distributed by its tiling gets its owner when it is registered
+     (tnt_register_dist, from the axis-group rule in tiling/distribution.py);
+   - any other tile gets its owner from the first task that writes it: that task runs
+     where the tiles it already writes live, else where the first tile it reads lives
+     (owner computes, the data stays put), else on the next rank in turn (a value made
+     from nothing: a fill, a copy of CPU data).
+   Tags come from a counter advanced at each registration, in submission order: the same
+   on every rank. A task that writes nothing (a readout) runs on every rank, each
+   receiving the tiles it lacks.
+
+   StarPU-MPI's cache of received copies spares a second transfer of a tile no task has
+   written since; a write clears it on every rank. Bytes sent and received and the tasks
+   run here and elsewhere are counted (tnt_dist_stats). */
+#include <starpu.h>
+#include <errno.h>
+#include <stdint.h>
+
+#include "shim_internal.h"
+
+#ifdef TNT_MPI
+#include <starpu_mpi.h>
+
+int tnt_dist_on;  /* several ranks: tasks are placed (tnt_dist_place) */
+static int tnt_me, tnt_size;
+static int64_t tnt_next_tag = 1;  /* advanced by every registration, in the same order on every rank */
+static int64_t tnt_turn;  /* placements of values made from nothing, in turn over the ranks */
+static int64_t tnt_sent_bytes, tnt_recv_bytes, tnt_tasks_here, tnt_tasks_elsewhere;
+
+void tnt_dist_start(int me, int size)
+{
+    tnt_me = me;
+    tnt_size = size;
+    tnt_dist_on = size > 1;
+    tnt_next_tag = 1;
+    tnt_turn = 0;
+    tnt_sent_bytes = tnt_recv_bytes = tnt_tasks_here = tnt_tasks_elsewhere = 0;
+}
+
+/* A tile of nelems items, owned by rank ``owner`` (-1: by the rank of the first task
+   that writes it). StarPU allocates its memory on the ranks that need it: the owner at
+   the first write, another rank when it receives a copy. A read before any write (a
+   zero-size value's tile) gets zeros (tnt_init_cl), as out of core. */
+tnt_handle tnt_register_dist(size_t nelems, size_t elemsize, int owner)
+{
+    starpu_data_handle_t h;
+    if (nelems <= UINT32_MAX)
+        starpu_vector_data_register(&h, -1, 0, (uint32_t)nelems, elemsize);
+    else
+        starpu_vector_data_register(&h, -1, 0, 1, nelems * elemsize);
+    starpu_data_set_reduction_methods(h, NULL, &tnt_init_cl);
+    starpu_mpi_data_register(h, tnt_next_tag++, owner >= 0 && owner < tnt_size ? owner : -1);
+    return (tnt_handle)h;
+}
+
+/* Give a tile no task has written yet (registered with owner -1) an owner: the lowering
+   of a sum over tiles of several ranks chooses where the sum lives. */
+void tnt_set_owner(tnt_handle h, int owner)
+{
+    if (owner >= 0 && owner < tnt_size)
+        starpu_mpi_data_set_rank((starpu_data_handle_t)h, owner);
+}
+
+static void tnt_recv(starpu_data_handle_t d, int from, int prio)
+{
+    if (starpu_mpi_cached_receive_set(d))
+        return;  /* the copy received earlier is still the value */
+    __atomic_add_fetch(&tnt_recv_bytes, (int64_t)starpu_data_get_size(d), __ATOMIC_RELAXED);
+    starpu_mpi_irecv_detached_prio(d, from, starpu_mpi_data_get_tag(d), prio, MPI_COMM_WORLD, NULL, NULL);
+}
+
+static void tnt_isend(starpu_data_handle_t d, int to, int prio)
+{
+    if (starpu_mpi_cached_send_set(d, to))
+        return;  /* sent before, and not written since */
+    __atomic_add_fetch(&tnt_sent_bytes, (int64_t)starpu_data_get_size(d), __ATOMIC_RELAXED);
+    starpu_mpi_isend_detached_prio(d, to, starpu_mpi_data_get_tag(d), prio, MPI_COMM_WORLD, NULL, NULL);
+}
+
+/* Where a task on these handles runs (a rank, or TNT_DIST_ALL), with the transfers it
+   needs posted: call before submitting it (StarPU orders a tile's receive before the
+   task that reads it), and tnt_dist_after once it is submitted or skipped. */
+int tnt_dist_place(int n, tnt_handle *handles, int *modes, int prio)
+{
+    int x = -1, writes = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(modes[i] & STARPU_W))
+            continue;
+        writes = 1;
+        int o = starpu_mpi_data_get_rank((starpu_data_handle_t)handles[i]);
+        if (o >= 0) {
+            x = o;
+            break;
+        }
+    }
+    if (!writes) {  /* a readout: every rank runs it, on tiles every rank gets */
+        for (int i = 0; i < n; i++) {
+            starpu_data_handle_t d = (starpu_data_handle_t)handles[i];
+            int o = starpu_mpi_data_get_rank(d);
+            if (o < 0)
+                continue;  /* never written: zeros everywhere */
+            if (o == tnt_me) {
+                for (int r = 0; r < tnt_size; r++)
+                    if (r != tnt_me)
+                        tnt_isend(d, r, prio);
+            } else {
+                tnt_recv(d, o, prio);
+            }
+        }
+        __atomic_add_fetch(&tnt_tasks_here, 1, __ATOMIC_RELAXED);
+        return TNT_DIST_ALL;
+    }
+    for (int i = 0; x < 0 && i < n; i++) {
+        int o = starpu_mpi_data_get_rank((starpu_data_handle_t)handles[i]);
+        if (!(modes[i] & STARPU_W) && o >= 0)
+            x = o;
+    }
+    if (x < 0)
+        x = (int)(tnt_turn++ % tnt_size);
+    for (int i = 0; i < n; i++) {  /* tiles written here first are owned here */
+        starpu_data_handle_t d = (starpu_data_handle_t)handles[i];
+        if (starpu_mpi_data_get_rank(d) < 0)
+            starpu_mpi_data_set_rank(d, x);
+    }
+    for (int i = 0; i < n; i++) {
+        if (!(modes[i] & STARPU_R))
+            continue;
+        starpu_data_handle_t d = (starpu_data_handle_t)handles[i];
+        int o = starpu_mpi_data_get_rank(d);
+        if (o == x)
+            continue;
+        if (x == tnt_me)
+            tnt_recv(d, o, prio);
+        else if (o == tnt_me)
+            tnt_isend(d, x, prio);
+    }
+    __atomic_add_fetch(x == tnt_me ? &tnt_tasks_here : &tnt_tasks_elsewhere, 1, __ATOMIC_RELAXED);
+    return x;
+}
+
+/* After a task placed on rank x: a tile it wrote that another rank owns (a task writing
+   tiles of two owners) goes back to its owner; every copy of what it wrote that was
+   sent or received before is stale, on every rank. */
+void tnt_dist_after(int n, tnt_handle *handles, int *modes, int x, int prio)
+{
+    if (x == TNT_DIST_ALL)
+        return;
+    for (int i = 0; i < n; i++) {
+        if (!(modes[i] & STARPU_W))
+            continue;
+        starpu_data_handle_t d = (starpu_data_handle_t)handles[i];
+        int o = starpu_mpi_data_get_rank(d);
+        if (o != x) {
+            if (x == tnt_me)
+                starpu_mpi_isend_detached_prio(d, o, starpu_mpi_data_get_tag(d), prio, MPI_COMM_WORLD, NULL, NULL);
+            else if (o == tnt_me)
+                starpu_mpi_irecv_detached_prio(d, x, starpu_mpi_data_get_tag(d), prio, MPI_COMM_WORLD, NULL, NULL);
+        }
+        starpu_mpi_cached_send_clear(d);
+        starpu_mpi_cached_receive_clear(d);
+    }
+}
+
+/* Whether a task placed on x runs on this rank. */
+int tnt_dist_here(int x) { return x == TNT_DIST_ALL || x == tnt_me; }
+
+/* Bytes sent and received, tasks run here and elsewhere, since the start or the last
+   call with ``reset``. */
+void tnt_dist_stats(int64_t *out, int reset)
+{
+    int64_t *c[4] = { &tnt_sent_bytes, &tnt_recv_bytes, &tnt_tasks_here, &tnt_tasks_elsewhere };
+    for (int i = 0; i < 4; i++)
+        out[i] = reset ? __atomic_exchange_n(c[i], 0, __ATOMIC_RELAXED) : __atomic_load_n(c[i], __ATOMIC_RELAXED);
+}
+
+#else  /* built without StarPU-MPI: one process, nothing is ever placed */
+
+int tnt_dist_on;
+
+void tnt_dist_start(int me, int size) { (void)me; (void)size; }
+
+tnt_handle tnt_register_dist(size_t nelems, size_t elemsize, int owner)
+{
+    (void)nelems; (void)elemsize; (void)owner;
+    return NULL;
+}
+
+void tnt_set_owner(tnt_handle h, int owner) { (void)h; (void)owner; }
+
+int tnt_dist_place(int n, tnt_handle *handles, int *modes, int prio) { return TNT_DIST_ALL; }
+
+void tnt_dist_after(int n, tnt_handle *handles, int *modes, int x, int prio) {}
+
+int tnt_dist_here(int x) { return 1; }
+
+void tnt_dist_stats(int64_t *out, int reset) { out[0] = out[1] = out[2] = out[3] = 0; }
+
+#endif
