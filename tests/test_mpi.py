@@ -37,12 +37,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _launch(tmp_path, n: int, script: str = SCRIPT, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _launch(tmp_path, n: int, script: str = SCRIPT, extra: dict[str, str] | None = None,
+            args: list[str] | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / "prog.py"
     path.write_text(script)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI"))} | (extra or {})
-    return subprocess.run([sys.executable, "-m", "torch_nntile.launch", "-n", str(n), str(path), str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-m", "torch_nntile.launch", "-n", str(n), str(path), str(tmp_path),
+                           *(args or [])], env=env, capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -150,6 +151,50 @@ def test_distributed_training_matches_one_process(trained, name, n):
         sent, received = sent + m["bytes_sent"], received + m["bytes_received"]
     assert one["mpi"] is None  # one process: nothing distributed
     assert sent == received > 0
+
+
+FAULT = textwrap.dedent("""
+    import os, sys, time, torch, torch_nntile
+    torch_nntile.init_context(ncpu=1)
+    mode = sys.argv[2]
+    x = torch.randn(64, 16).to("nntile")
+    torch_nntile.set_axis_group_name(x, {0: "batch"})
+    torch_nntile.set_axis_group_tiling("batch", 16)
+    (x * 2).sum().item()
+    if torch_nntile.rank() == 1:
+        if mode == "raise":
+            raise RuntimeError("a failure on purpose")
+        if mode == "exit":
+            sys.exit(0)
+        if mode == "kill":
+            os.kill(os.getpid(), 9)
+        if mode == "other op":
+            x = x + 1
+        if mode == "late":
+            time.sleep(60)
+    if mode == "read on rank 0" and torch_nntile.rank() == 0:
+        (x * 5).sum().item()
+    (x * 3).sum().item()
+""")
+
+FAULTS = {  # what every rank does otherwise, what rank 1 does: what the launch must say
+    "raise": "rank 1 of 2 stopped on RuntimeError; stopping every rank",
+    "exit": "the ranks' programs diverged at check #3: rank 0: compile; rank 1: shutdown",
+    "kill": "exited on signal 9",
+    "other op": "diverged at compile #3, op 1: rank 0: mul",
+    "read on rank 0": "diverged at compile #3, op 1: rank 0: mul(call_out(_VariableFunctionsClass.mul,(),(TileSlot,5))",
+    "late": "rank 0 of 2: the other ranks did not reach compile #3 within 3 s",
+}
+
+
+@pytest.mark.parametrize("mode", list(FAULTS))
+def test_a_rank_that_fails_or_diverges_stops_every_rank(tmp_path, mode):
+    """A rank that raises, exits early, is killed, records another op, reads a value the
+    others do not, or does not arrive within TORCH_NNTILE_MPI_TIMEOUT: every rank stops
+    with an error naming what happened, instead of waiting for the others forever."""
+    out = _launch(tmp_path, 2, FAULT, {"TORCH_NNTILE_MPI_TIMEOUT": "3"}, [mode])
+    assert out.returncode != 0
+    assert FAULTS[mode] in out.stdout + out.stderr, out.stderr[-3000:]
 
 
 def test_a_failing_rank_fails_the_launch(tmp_path):

@@ -45,6 +45,7 @@ from torch_nntile.report import (
     stop_trace,
     trace,
 )
+from torch_nntile.runtime.agree import ProgramsDivergedError
 from torch_nntile.runtime.context import launch_rank_size
 from torch_nntile.runtime.failures import KernelError, TileMemoryError
 from torch_nntile.runtime.ooc import OutOfCore
@@ -62,8 +63,9 @@ __all__ = [
     "empty_cache", "execute", "fallback_counts",
     "format_axis_groups",
     "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
-    "pending_op_names", "print_axis_groups", "print_info", "rank", "reset_info", "restore_where", "restrict_cpu",
-    "restrict_cuda", "run", "set_axis_group_distribution", "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
+    "pending_op_names", "print_axis_groups", "print_info", "ProgramsDivergedError", "rank", "reset_info",
+    "restore_where", "restrict_cpu", "restrict_cuda", "run", "set_axis_group_distribution", "set_axis_group_name",
+    "set_axis_group_tiling", "shutdown_context",
     "start_trace", "stop_trace", "TileMemoryError", "trace", "wait", "world_size",
 ]
 

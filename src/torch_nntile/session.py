@@ -161,6 +161,8 @@ class Session:
     def _compile(self) -> None:
         with self.lock, SHIELD, GC_PAUSED:  # Ctrl-C waits for the end: stopped half-way, ops were lost
             rt = self.runtime()
+            if rt.distributed and SESSION.pending:
+                rt.agree("compile", [_describe(op) for op in SESSION.pending])
             t0 = stats.enter()
             try:
                 folder = os.environ.get("TORCH_NNTILE_DUMP_GRAPH")
@@ -239,7 +241,10 @@ class Session:
                 self.execute()
             if self.progress is not None:
                 self.wait()  # run(progress=...) reports through the wait of its value
-            cpu = readout(self.runtime(), node)
+            rt = self.runtime()
+            if rt.distributed:
+                rt.agree("readout", [f"a value of shape {list(node.shape)} and dtype {node.dtype}"])
+            cpu = readout(rt, node)
             if self.tracer is not None:
                 self.tracer.read(node.value, cpu)
             return cpu
@@ -262,13 +267,39 @@ class Session:
     def at_exit(self) -> None:
         """Process exit: tasks that have not started are dropped (no one can read their
         values); failures no one read back are named on stderr."""
+        rt = self.rt
         try:
-            rt = self.rt
-            if rt is not None and rt.alive:
+            if rt is not None and rt.alive and not rt.distributed:  # over several ranks, after they agree
                 rt.abandon()  # first, without the lock: a thread still reading back then finishes at once
             self.shutdown(abandon=True)
         except Exception as exc:  # noqa: BLE001 - exiting: report, do not raise
             sys.stderr.write(f"torch_nntile: at exit: {exc}\n")
+            if rt is not None and rt.alive and rt.distributed:  # the others would wait for this rank forever
+                sys.stderr.flush()
+                rt.lib.tnt_mpi_abort(1)
+
+
+def _describe(op: Any) -> str:
+    """An op as the ranks compare it (runtime/agree.py): its name, its attributes (a
+    scalar's value too, not a CPU tensor's data: the tile's owner copies its own) and
+    its results' shapes."""
+    outs = ", ".join(f"{list(o.shape)} {o.dtype}" for o in op.outputs)
+    return f"{op.label}{_attr_text(op.attrs)} -> {outs}"
+
+
+def _attr_text(x: Any, depth: int = 0) -> str:
+    """``x`` as text that is the same in every process (no addresses)."""
+    if x is None or isinstance(x, (bool, int, float, str, complex, torch.dtype)):
+        return repr(x)
+    if isinstance(x, (tuple, list)) and depth < 4:
+        return "(" + ",".join(_attr_text(y, depth + 1) for y in x[:16]) + (",..." if len(x) > 16 else "") + ")"
+    if isinstance(x, torch.Tensor):
+        return f"tensor{list(x.shape)}{x.dtype}"
+    fn, params = getattr(x, "fn", None), getattr(x, "params", None)
+    if fn is not None and params is not None and depth < 4:  # a Kernel: its function and parameters
+        return f"{_attr_text(fn, depth + 1)}{_attr_text(params, depth + 1)}"
+    name = getattr(x, "__qualname__", None) or getattr(x, "__name__", None)
+    return name if isinstance(name, str) else type(x).__name__
 
 
 def _hook(progress: Progress) -> Callable[[int, int], None] | None:

@@ -20,6 +20,7 @@ import torch
 from torch_nntile import stats
 from torch_nntile.kernels import native
 from torch_nntile.runtime import submission
+from torch_nntile.runtime.agree import Agreement, timeout_s
 from torch_nntile.runtime.failures import Failure, TileMemoryError
 from torch_nntile.runtime.host import _find_blas, _warm_vector_math
 from torch_nntile.runtime.memory import TileMemory
@@ -45,7 +46,7 @@ def launch_rank_size() -> tuple[int, int]:
     return rank, size
 
 
-class Runtime(TileMemory, Submission, Workers, Swap):
+class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
     """One StarPU session. Create through ``torch_nntile.init_context``."""
 
     def __init__(self, ncpu: int, scheduler: str | None, ooc: OutOfCore | None = None) -> None:
@@ -83,10 +84,17 @@ class Runtime(TileMemory, Submission, Workers, Swap):
         # handle holds one value for its whole life (no spares), so that the ranks, which
         # submit the same tasks, agree on them without talking.
         self.distributed = self.world_size > 1
-        if self.distributed and ooc is not None:
+        self._agreements = 0  # the ranks' checks so far (runtime/agree.py)
+        try:
+            if self.distributed and ooc is not None:
+                raise NotImplementedError("torch_nntile: out-of-core memory over several processes is not supported yet")
+            self._timeout = timeout_s() if self.distributed else 0.0
+        except Exception:
             self.lib.tnt_shutdown()
             self.lib.tnt_set_managed(0)
-            raise NotImplementedError("torch_nntile: out-of-core memory over several processes is not supported yet")
+            raise
+        if self.distributed:
+            self.install_excepthook()
         self.ooc = ooc
         self._stuck: str | None = None  # out of core, why StarPU is stuck (Swap.check_stall)
         if ooc is not None:
@@ -177,6 +185,8 @@ class Runtime(TileMemory, Submission, Workers, Swap):
         tile's memory and stop StarPU. An interrupted wait abandons the rest."""
         if not self.alive:
             return
+        if self.distributed:  # every rank stops here, or none (StarPU-MPI's shutdown waits for all)
+            self.agree("shutdown", [])
         if self._stuck is not None:  # StarPU waits forever: leave it to the process's exit
             self.alive = False
             return

@@ -20,6 +20,8 @@
 #include <starpu.h>
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
+#include <time.h>
 
 #include "shim_internal.h"
 
@@ -31,6 +33,7 @@ static int tnt_me, tnt_size;
 static int64_t tnt_next_tag = 1;  /* advanced by every registration, in the same order on every rank */
 static int64_t tnt_turn;  /* placements of values made from nothing, in turn over the ranks */
 static int64_t tnt_sent_bytes, tnt_recv_bytes, tnt_tasks_here, tnt_tasks_elsewhere;
+static int64_t tnt_agree_calls;  /* tnt_dist_exchange calls: their tags */
 
 void tnt_dist_start(int me, int size)
 {
@@ -39,6 +42,7 @@ void tnt_dist_start(int me, int size)
     tnt_dist_on = size > 1;
     tnt_next_tag = 1;
     tnt_turn = 0;
+    tnt_agree_calls = 0;
     tnt_sent_bytes = tnt_recv_bytes = tnt_tasks_here = tnt_tasks_elsewhere = 0;
 }
 
@@ -166,6 +170,69 @@ void tnt_dist_after(int n, tnt_handle *handles, int *modes, int x, int prio)
     }
 }
 
+/* The ranks agree (runtime/agree.py): every rank sends ``nbytes`` of its own to every
+   other rank and receives theirs into ``all`` (rank r's at r * nbytes; its own copied),
+   calls in the same order on every rank. 0 once all arrived, 1 when they did not
+   within ``timeout_s`` seconds (a rank that stopped, or waits elsewhere). Tags above
+   the tiles' (TNT_AGREE_TAG + a count of calls). */
+#define TNT_AGREE_TAG ((int64_t)1 << 60)
+
+int tnt_dist_exchange(const void *mine, int64_t nbytes, void *all, double timeout_s)
+{
+    int n = tnt_size, me = tnt_me, rc = 0;
+    int64_t tag = TNT_AGREE_TAG + tnt_agree_calls++;
+    memcpy((char *)all + (size_t)me * nbytes, mine, (size_t)nbytes);
+    if (n < 2)
+        return 0;
+    starpu_data_handle_t out, in[n];
+    starpu_mpi_req sreq[n], rreq[n];
+    int done[2 * n];
+    starpu_vector_data_register(&out, STARPU_MAIN_RAM, (uintptr_t)mine, (uint32_t)nbytes, 1);
+    for (int r = 0; r < n; r++) {
+        done[r] = done[n + r] = r == me;
+        if (r == me)
+            continue;
+        starpu_vector_data_register(&in[r], STARPU_MAIN_RAM, (uintptr_t)((char *)all + (size_t)r * nbytes),
+                                    (uint32_t)nbytes, 1);
+        starpu_mpi_irecv(in[r], &rreq[r], r, tag, MPI_COMM_WORLD);
+        starpu_mpi_isend(out, &sreq[r], r, tag, MPI_COMM_WORLD);
+    }
+    double end = starpu_timing_now() + timeout_s * 1e6;
+    for (int left = 2 * (n - 1); left > 0;) {
+        for (int k = 0; k < 2 * n; k++) {
+            if (done[k])
+                continue;
+            int flag = 0;
+            starpu_mpi_test(k < n ? &rreq[k] : &sreq[k - n], &flag, MPI_STATUS_IGNORE);
+            if (flag) {
+                done[k] = 1;
+                left--;
+            }
+        }
+        if (left == 0)
+            break;
+        if (starpu_timing_now() > end) {
+            rc = 1;  /* the requests stay posted: the caller stops every rank */
+            break;
+        }
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+    if (rc == 0) {
+        for (int r = 0; r < n; r++)
+            if (r != me)
+                starpu_data_unregister(in[r]);
+        starpu_data_unregister(out);
+    }
+    return rc;
+}
+
+/* Stop every rank of the world now (mpirun reports which one called it). */
+void tnt_mpi_abort(int code)
+{
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 /* Whether a task placed on x runs on this rank. */
 int tnt_dist_here(int x) { return x == TNT_DIST_ALL || x == tnt_me; }
 
@@ -199,5 +266,13 @@ void tnt_dist_after(int n, tnt_handle *handles, int *modes, int x, int prio) {}
 int tnt_dist_here(int x) { return 1; }
 
 void tnt_dist_stats(int64_t *out, int reset) { out[0] = out[1] = out[2] = out[3] = 0; }
+
+int tnt_dist_exchange(const void *mine, int64_t nbytes, void *all, double timeout_s)
+{
+    memcpy(all, mine, (size_t)nbytes);
+    return 0;
+}
+
+void tnt_mpi_abort(int code) { (void)code; }
 
 #endif

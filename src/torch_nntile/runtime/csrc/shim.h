@@ -25,6 +25,8 @@ int tnt_mpi_size(void);
 tnt_handle tnt_register_dist(size_t nelems, size_t elemsize, int owner);
 void tnt_dist_stats(int64_t *out, int reset);
 void tnt_set_owner(tnt_handle h, int owner);
+int tnt_dist_exchange(const void *mine, int64_t nbytes, void *all, double timeout_s);
+void tnt_mpi_abort(int code);
 void tnt_shutdown(void);
 int tnt_ncpu(void);
 int tnt_nworkers(void);
