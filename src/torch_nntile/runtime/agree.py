@@ -6,7 +6,9 @@ owners and tags without talking (runtime/csrc/dist.c). A rank that recorded othe
 or read a value the others did not, would wait for tiles nobody sends. So at each such
 point the ranks exchange a hash of what they are about to do; where the hashes differ,
 they exchange the descriptions and raise ``ProgramsDivergedError`` naming the first
-difference, every rank alike. A rank that does not arrive within
+difference, every rank alike. One exception: a rank that reads a value the others do
+not read (``torch.save`` on rank 0) is served: the others, at their next check, send it
+the tiles they own, and check their own step again. A rank that does not arrive within
 ``TORCH_NNTILE_MPI_TIMEOUT`` seconds (it stopped, or waits for something that never
 comes) stops every rank (``MPI_Abort``: mpirun names the rank). So does an exception no
 one catches on any rank (``install_excepthook``).
@@ -14,10 +16,12 @@ one catches on any rank (``install_excepthook``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import sys
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 TIMEOUT_S = 300.0  # TORCH_NNTILE_MPI_TIMEOUT's default
@@ -38,23 +42,78 @@ def timeout_s() -> float:
     return value
 
 
+_HEAD = struct.Struct("<qqqq")  # crc of the description, its length, a read?, tiles requested
+
+
 class Agreement:
     """The ranks' checks: a part of ``Runtime`` (runtime/context.py sets up its state)."""
 
     def agree(self, what: str, items: list[str]) -> None:
         """Check that every rank is at the same point, about to do the same: ``what`` (a
-        compile, a readout, the end) with ``items`` (the ops it records, the value it
-        reads). Raises ``ProgramsDivergedError`` on every rank where they differ."""
-        self._agreements += 1
+        compile, the end) with ``items`` (the ops it records). Raises
+        ``ProgramsDivergedError`` on every rank where they differ; serves the reads of
+        ranks that read a value alone meanwhile (``agree_read``)."""
+        self._agree(what, items, None)
+
+    def agree_read(self, item: str, handles: list[Any]) -> bool:
+        """Before reading the value on tiles ``handles``: True when every rank reads it
+        now (the readout runs on every rank); False when this rank reads it alone (the
+        others, at their next check, sent the tiles they own: submit the readout with
+        ``alone()``). Raises where an owner no longer holds a tile."""
+        return self._agree("readout", [item], handles)
+
+    def _agree(self, what: str, items: list[str], handles: list[Any] | None) -> bool:
         text = "\n".join([what, *items]).encode()
-        mine = struct.pack("<qq", zlib.crc32(text), len(text))
-        hashes = [struct.unpack_from("<qq", b) for b in self._exchange(mine, what)]
-        if all(h == hashes[0] for h in hashes):
-            return
-        size = max(n for _, n in hashes)
-        texts = [b.rstrip(b"\0").decode(errors="replace").split("\n")
-                 for b in self._exchange(text.ljust(size, b"\0"), what)]
-        raise ProgramsDivergedError(_difference(texts, self._agreements))
+        request: list[int] = []  # (tag, owner) pairs of the tiles a read needs
+        if handles is not None:
+            tag, owner = self.lib.tnt_dist_tag, self.lib.tnt_dist_owner
+            for h in handles:
+                request += (tag(h), owner(h))
+        crc = zlib.crc32(text)
+        while True:
+            k = self._agreements = self._agreements + 1
+            heads = [_HEAD.unpack(b) for b in self._exchange(_HEAD.pack(crc, len(text), handles is not None,
+                                                                           len(request)), what)]
+            if all(h == heads[0] for h in heads):
+                return True  # every rank does the same
+            size = max(n + 8 * m for _, n, _, m in heads)
+            mine = (text + struct.pack(f"<{len(request)}q", *request)).ljust(size, b"\0")
+            texts, requests = [], []
+            for b, (_, n, _, m) in zip(self._exchange(mine, what), heads):
+                texts.append(b[:n].decode(errors="replace").split("\n"))
+                requests.append(struct.unpack_from(f"<{m}q", b, n))
+            readers = [r for r, h in enumerate(heads) if h[2]]
+            others = {heads[r][0] for r in range(self.world_size) if r not in readers}
+            if not readers or len(others) > 1:
+                raise ProgramsDivergedError(_difference(texts, k))
+            self._serve(readers, requests, texts, k)
+            if handles is not None:
+                return False  # read alone: its tiles are on their way
+            # the readers go on; this rank checks its own step again
+
+    def _serve(self, readers: list[int], requests: list[tuple[int, ...]], texts: list[list[str]], k: int) -> None:
+        """Each reader gets the tiles it asked for from their owners; every rank calls this
+        alike. A reader raises where an owner no longer holds a tile."""
+        me, by_tag, fetch = self.rank, self._by_tag, self.lib.tnt_dist_fetch
+        missing = [0] * self.world_size  # per reader: tiles this rank should own and lacks
+        for q in readers:
+            req = requests[q]
+            for i in range(0, len(req), 2):
+                t, owner = req[i], req[i + 1]
+                if owner < 0 or (me != q and me != owner):
+                    continue
+                h = by_tag.get(t)
+                if h is None:
+                    missing[q] += 1
+                else:
+                    fetch(h, q)
+        lacks = [struct.unpack("<" + "q" * self.world_size, b)
+                 for b in self._exchange(struct.pack("<" + "q" * self.world_size, *missing), "readout")]
+        if me in readers and any(row[me] for row in lacks):
+            who = [r for r, row in enumerate(lacks) if row[me]]
+            raise RuntimeError(f"torch_nntile: rank {me} read a value ({texts[me][-1]}) alone, and rank(s) {who} "
+                               f"no longer hold its tiles (they were at: {', '.join(texts[r][0] for r in who)}). "
+                               "Read it on every rank")
 
     def _exchange(self, mine: bytes, what: str) -> list[bytes]:
         n = len(mine)
@@ -69,6 +128,15 @@ class Agreement:
             self.lib.tnt_mpi_abort(1)
         raw = ffi.buffer(buf, n * self.world_size)[:]
         return [raw[r * n:(r + 1) * n] for r in range(self.world_size)]
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Tasks submitted meanwhile run here, unplaced: a read by this rank alone."""
+        self.lib.tnt_dist_set_alone(1)
+        try:
+            yield
+        finally:
+            self.lib.tnt_dist_set_alone(0)
 
     def install_excepthook(self) -> None:
         """An exception no one catches on this rank stops every rank, after its traceback:

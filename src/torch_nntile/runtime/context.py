@@ -146,6 +146,7 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
         self._size: dict[Any, tuple[int, int]] = {}  # every registered handle -> (items, item size)
         self._owner: dict[Any, int] = {}  # over several ranks, every registered handle -> its owner as registered
         self._turn = 0  # next_turn()
+        self._by_tag: dict[int, Any] = {}  # over several ranks, every registered handle by its MPI tag
         self._spares: dict[tuple[int, int], list[Any]] = {}
         self._spare_lock = threading.RLock()
         self._wanted: dict[tuple[int, int], int] = {}  # size -> compile count when last asked for
@@ -219,6 +220,7 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
             self.lib.tnt_unregister_now(h)
         self._size.clear()
         self._owner.clear()
+        self._by_tag.clear()
         self._spares.clear()
         self._no_memory.clear()
         self._unnamed.clear()

@@ -79,13 +79,15 @@ class TileMemory:
     def _register_dist(self, sizes: list[int], elemsize: int, owners: list[int] | None) -> list[Any]:
         """New handles owned as ``register_many`` says, with tags in registration order
         (the same on every rank). StarPU allocates their memory where a rank needs it."""
-        reg, size, owner_of = self.lib.tnt_register_dist, self._size, self._owner
+        reg, tag, size, owner_of, by_tag = self.lib.tnt_register_dist, self.lib.tnt_dist_tag, self._size, self._owner, \
+            self._by_tag
         out = []
         for k, n in enumerate(sizes):
             owner = -1 if owners is None else owners[k]
             h = reg(max(n, 1), elemsize, owner)
             size[h] = (max(n, 1), elemsize)
             owner_of[h] = owner
+            by_tag[tag(h)] = h  # a read by another rank alone names its tiles by tag (runtime/agree.py)
             out.append(h)
         stats.COUNTS["tiles_registered"] += len(sizes)
         return out
@@ -168,10 +170,12 @@ class TileMemory:
         """Return dead tiles' handles to the spares (safe from any thread, after shutdown too)."""
         if self.alive and self.distributed:  # no spares: a handle holds one value (see _register_dist)
             stats.tiles_added(-len(handles))
-            unreg, size, owner = self.lib.tnt_unregister_submit, self._size, self._owner
+            unreg, tag, size, owner, by_tag = self.lib.tnt_unregister_submit, self.lib.tnt_dist_tag, self._size, \
+                self._owner, self._by_tag
             for h in handles:  # after their tasks (no kick: this may run inside a submission's lock)
                 del size[h]
                 owner.pop(h, None)
+                by_tag.pop(tag(h), None)
                 unreg(h)
         elif self.alive:
             stats.tiles_added(-len(handles))

@@ -34,6 +34,7 @@ static int64_t tnt_next_tag = 1;  /* advanced by every registration, in the same
 static int64_t tnt_turn;  /* placements of values made from nothing, in turn over the ranks */
 static int64_t tnt_sent_bytes, tnt_recv_bytes, tnt_tasks_here, tnt_tasks_elsewhere;
 static int64_t tnt_agree_calls;  /* tnt_dist_exchange calls: their tags */
+static int tnt_dist_alone;  /* tnt_dist_set_alone */
 
 void tnt_dist_start(int me, int size)
 {
@@ -91,6 +92,10 @@ static void tnt_isend(starpu_data_handle_t d, int to, int prio)
    task that reads it), and tnt_dist_after once it is submitted or skipped. */
 int tnt_dist_place(int n, tnt_handle *handles, int *modes, int prio)
 {
+    if (tnt_dist_alone) {  /* its tiles are here already (tnt_dist_fetch) */
+        __atomic_add_fetch(&tnt_tasks_here, 1, __ATOMIC_RELAXED);
+        return TNT_DIST_ALL;
+    }
     int x = -1, writes = 0;
     for (int i = 0; i < n; i++) {
         if (!(modes[i] & STARPU_W))
@@ -233,6 +238,29 @@ void tnt_mpi_abort(int code)
     MPI_Abort(MPI_COMM_WORLD, code);
 }
 
+/* The tag of a tile, and its owner (-1: not written yet). */
+int64_t tnt_dist_tag(tnt_handle h) { return starpu_mpi_data_get_tag((starpu_data_handle_t)h); }
+int tnt_dist_owner(tnt_handle h) { return starpu_mpi_data_get_rank((starpu_data_handle_t)h); }
+
+/* A read by one rank alone (runtime/agree.py): rank ``node`` gets the tile, its owner
+   sending it (both call this, alike), unless it was sent before and not written since. */
+void tnt_dist_fetch(tnt_handle h, int node)
+{
+    starpu_data_handle_t d = (starpu_data_handle_t)h;
+    int o = starpu_mpi_data_get_rank(d);
+    if (o < 0 || o == node)
+        return;
+    if (tnt_me == node && !starpu_mpi_cached_receive(d))
+        __atomic_add_fetch(&tnt_recv_bytes, (int64_t)starpu_data_get_size(d), __ATOMIC_RELAXED);
+    else if (tnt_me == o && !starpu_mpi_cached_send(d, node))
+        __atomic_add_fetch(&tnt_sent_bytes, (int64_t)starpu_data_get_size(d), __ATOMIC_RELAXED);
+    starpu_mpi_get_data_on_node_detached(MPI_COMM_WORLD, d, node, NULL, NULL);
+}
+
+/* While set, tasks are submitted here without being placed: a read by this rank alone,
+   on tiles fetched already. */
+void tnt_dist_set_alone(int on) { tnt_dist_alone = on; }
+
 /* Whether a task placed on x runs on this rank. */
 int tnt_dist_here(int x) { return x == TNT_DIST_ALL || x == tnt_me; }
 
@@ -274,5 +302,10 @@ int tnt_dist_exchange(const void *mine, int64_t nbytes, void *all, double timeou
 }
 
 void tnt_mpi_abort(int code) { (void)code; }
+
+int64_t tnt_dist_tag(tnt_handle h) { (void)h; return -1; }
+int tnt_dist_owner(tnt_handle h) { (void)h; return -1; }
+void tnt_dist_fetch(tnt_handle h, int node) { (void)h; (void)node; }
+void tnt_dist_set_alone(int on) { (void)on; }
 
 #endif
