@@ -32,8 +32,9 @@ fi
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Build dependencies, all from the distribution: hwloc for the topology, OpenMPI for
-# StarPU-MPI (mpirun comes with openmpi-bin), dpkg-dev for `apt-get source`.
-DEPS=(build-essential pkg-config dpkg-dev libhwloc-dev libopenmpi-dev openmpi-bin libtool autoconf automake)
+# StarPU-MPI (mpirun comes with openmpi-bin), dpkg-dev for `apt-get source`; and iproute2,
+# with which the tests run two ranks in two network namespaces.
+DEPS=(build-essential pkg-config dpkg-dev libhwloc-dev libopenmpi-dev openmpi-bin libtool autoconf automake iproute2)
 missing=()
 for p in "${DEPS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 

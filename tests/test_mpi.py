@@ -223,6 +223,100 @@ def test_save_pretrained_on_rank_0_alone_writes_the_whole_model(trained, n):
         torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-6)
 
 
+VETH = textwrap.dedent("""
+    import json, sys, torch, torch_nntile
+    from torch_nntile.report import info
+    torch_nntile.init_context(ncpu=1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(48, 10, bias=False)).to("nntile")
+    x, y = torch.randn(96, 32).to("nntile"), torch.randint(0, 10, (96,)).to("nntile")
+    torch_nntile.set_axis_group_name(x, {0: "batch"})
+    torch_nntile.set_axis_group_tiling("batch", 24)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    w = [p.detach().cpu().tolist() for p in model.parameters()]
+    with open(f"{sys.argv[1]}/veth_{torch_nntile.world_size()}_{torch_nntile.rank()}.json", "w") as f:
+        json.dump({"losses": losses, "w": w, "mpi": info()["mpi"]}, f)
+""")
+
+# mpirun's remote-shell agent: "agent [options] host command...": each host runs in its namespace
+AGENT = """#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
+host=$1; shift
+case "$host" in
+  {ip1}) exec ip netns exec {ns1} sh -c "$*" ;;
+  *) exec ip netns exec {ns0} sh -c "$*" ;;
+esac
+"""
+
+
+@pytest.fixture
+def two_hosts(tmp_path):
+    """Two network namespaces joined by a veth pair, 10.231.<k>.1 and .2: two hosts on
+    one machine, whose MPI traffic crosses a network interface. Made here, removed after."""
+    k = os.getpid() % 200 + 20
+    ns, dev = [f"tnt{k}n{i}" for i in (0, 1)], [f"tnt{k}v{i}" for i in (0, 1)]
+    ips = [f"10.231.{k}.{i + 1}" for i in (0, 1)]
+    ip = shutil.which("ip")
+
+    def sh(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run([ip, *cmd], capture_output=True, text=True)
+
+    if ip is None or os.geteuid() != 0 or sh("netns", "add", ns[0]).returncode != 0:
+        pytest.skip("needs root, iproute2 and the right to make network namespaces")
+    try:
+        steps = [("netns", "add", ns[1]), ("link", "add", dev[0], "type", "veth", "peer", "name", dev[1])]
+        for i in (0, 1):
+            steps += [("link", "set", dev[i], "netns", ns[i]),
+                      ("netns", "exec", ns[i], "ip", "addr", "add", f"{ips[i]}/24", "dev", dev[i]),
+                      ("netns", "exec", ns[i], "ip", "link", "set", dev[i], "up"),
+                      ("netns", "exec", ns[i], "ip", "link", "set", "lo", "up")]
+        for step in steps:
+            out = sh(*step)
+            assert out.returncode == 0, (step, out.stderr)
+        agent = tmp_path / "agent.sh"
+        agent.write_text(AGENT.format(ip1=ips[1], ns0=ns[0], ns1=ns[1]))
+        agent.chmod(0o755)
+        (tmp_path / "hosts").write_text(f"{ips[0]} slots=1\n{ips[1]} slots=1\n")
+        yield {"ns": ns, "dev": dev, "ips": ips, "agent": agent, "hosts": tmp_path / "hosts", "net": f"10.231.{k}.0/24"}
+    finally:
+        for n in ns:
+            sh("netns", "del", n)  # takes its end of the veth pair with it
+
+
+def test_two_ranks_in_two_network_namespaces(tmp_path, two_hosts):
+    """Rank 0 and rank 1 in namespaces of their own, each with its own address, joined by
+    a veth pair: StarPU-MPI's traffic goes over OpenMPI's TCP transport on that interface,
+    as between two hosts. The MLP trained data-parallel gets one process's numbers, and
+    the interface carried at least the bytes of tiles rank 1 received."""
+    h = two_hosts
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI"))} | {"TORCH_NNTILE_NO_PACK": "1"}
+    path = tmp_path / "prog.py"
+    path.write_text(VETH)
+    net = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", h["net"], "--mca", "oob_tcp_if_include", h["net"]]
+    out = subprocess.run(["ip", "netns", "exec", h["ns"][0], "mpirun", "--allow-run-as-root", "--hostfile", str(h["hosts"]),
+                          "-np", "2", "--mca", "plm_rsh_agent", str(h["agent"]), *net, sys.executable, str(path),
+                          str(tmp_path)], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    one = _launch(tmp_path, 1, VETH, {"TORCH_NNTILE_NO_PACK": "1"})
+    assert one.returncode == 0, one.stderr[-3000:]
+    want = json.loads((tmp_path / "veth_1_0.json").read_text())
+    got = [json.loads((tmp_path / f"veth_2_{r}.json").read_text()) for r in (0, 1)]
+    for g in got:
+        assert g["losses"] == want["losses"] and g["w"] == want["w"]
+    rx = subprocess.run(["ip", "netns", "exec", h["ns"][1], "cat", f"/sys/class/net/{h['dev'][1]}/statistics/rx_bytes"],
+                        capture_output=True, text=True)
+    assert got[1]["mpi"]["bytes_received"] > 0
+    assert int(rx.stdout) >= got[1]["mpi"]["bytes_received"]
+
+
 def test_a_failing_rank_fails_the_launch(tmp_path):
     out = _launch(tmp_path, 2, "import sys, torch_nntile\ntorch_nntile.init_context(ncpu=1)\n"
                                "sys.exit(3 if torch_nntile.rank() == 1 else 0)\n")
