@@ -62,7 +62,9 @@ def info() -> dict[str, Any]:
     recorded ops whose results nothing could read by compile time (not lowered).
     ``dry_run`` names the active dry-run switch, if any. Over several processes, ``mpi``
     gives this rank, the world size, the bytes of tiles it sent and received and the
-    tasks it ran (``tasks_here``) and left to the other ranks (``tasks_elsewhere``). Out of core
+    tasks it ran (``tasks_here``) and left to the other ranks (``tasks_elsewhere``), and
+    the bytes of the live tiles it owns (``tile_bytes_owned``) and holds in its memory,
+    received copies included (``tile_bytes_held``). Out of core
     (``init_context(memory_limit=...)``), ``out_of_core`` gives the limit and swap
     folder, ``bytes_evicted`` and ``bytes_loaded`` what StarPU wrote to the swap disk
     and read back, ``data_wait_s`` the seconds workers waited for tiles to arrive, and
@@ -140,7 +142,8 @@ def format_info() -> str:
         m = d["mpi"]
         lines.append(f"rank {m['rank']} of {m['world_size']}: sent {_mb(m['bytes_sent'])}, received "
                      f"{_mb(m['bytes_received'])}; tasks run here {m['tasks_here']}, on other ranks "
-                     f"{m['tasks_elsewhere']}")
+                     f"{m['tasks_elsewhere']}; tiles owned {_mb(m['tile_bytes_owned'])}, held "
+                     f"{_mb(m['tile_bytes_held'])}")
     if d["out_of_core"] is not None:
         lines.append(f"out of core, limit {_mb(d['out_of_core']['memory_limit'])}: evicted to disk "
                      f"{_mb(d['bytes_evicted'])}, loaded back {_mb(d['bytes_loaded'])}; workers waited "

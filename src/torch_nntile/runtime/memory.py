@@ -111,13 +111,18 @@ class TileMemory:
 
     def dist_info(self, reset: bool = False) -> dict[str, int] | None:
         """Over several ranks: this rank's bytes sent and received (tiles StarPU-MPI moved)
-        and the tasks it ran and left to other ranks, since the start or the last reset."""
+        and the tasks it ran and left to other ranks, since the start or the last reset;
+        the bytes of the live tiles it owns and of those in its memory (its own and the
+        copies it received), now."""
         if not self.distributed:
             return None
         out = self.ffi.new("int64_t[4]")
         self.lib.tnt_dist_stats(out, int(reset))
+        handles = list(self._size)
+        held = self.ffi.new("int64_t[2]")
+        self.lib.tnt_dist_held(self.ffi.new("tnt_handle[]", handles), len(handles), held)
         return {"rank": self.rank, "world_size": self.world_size, "bytes_sent": out[0], "bytes_received": out[1],
-                "tasks_here": out[2], "tasks_elsewhere": out[3]}
+                "tasks_here": out[2], "tasks_elsewhere": out[3], "tile_bytes_owned": held[0], "tile_bytes_held": held[1]}
 
     def too_big(self, tasks: list[Any]) -> list[tuple[int, int]]:
         """Out of core: (index, bytes) of the tasks among ``tasks`` whose tiles need more

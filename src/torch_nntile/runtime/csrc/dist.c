@@ -257,6 +257,21 @@ void tnt_dist_fetch(tnt_handle h, int node)
     starpu_mpi_get_data_on_node_detached(MPI_COMM_WORLD, d, node, NULL, NULL);
 }
 
+/* Bytes of the tiles ``hs`` this rank owns (out[0]) and holds in its memory (out[1]:
+   its own and the copies it received, as StarPU allocated them). */
+void tnt_dist_held(tnt_handle *hs, int64_t n, int64_t *out)
+{
+    out[0] = out[1] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        starpu_data_handle_t d = (starpu_data_handle_t)hs[i];
+        int64_t size = (int64_t)starpu_data_get_size(d);
+        if (starpu_mpi_data_get_rank(d) == tnt_me)
+            out[0] += size;
+        if (starpu_data_handle_to_pointer(d, STARPU_MAIN_RAM) != NULL)
+            out[1] += size;
+    }
+}
+
 /* While set, tasks are submitted here without being placed: a read by this rank alone,
    on tiles fetched already. */
 void tnt_dist_set_alone(int on) { tnt_dist_alone = on; }
@@ -307,5 +322,6 @@ int64_t tnt_dist_tag(tnt_handle h) { (void)h; return -1; }
 int tnt_dist_owner(tnt_handle h) { (void)h; return -1; }
 void tnt_dist_fetch(tnt_handle h, int node) { (void)h; (void)node; }
 void tnt_dist_set_alone(int on) { (void)on; }
+void tnt_dist_held(tnt_handle *hs, int64_t n, int64_t *out) { (void)hs; (void)n; out[0] = out[1] = 0; }
 
 #endif

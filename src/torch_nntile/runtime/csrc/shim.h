@@ -31,6 +31,7 @@ int64_t tnt_dist_tag(tnt_handle h);
 int tnt_dist_owner(tnt_handle h);
 void tnt_dist_fetch(tnt_handle h, int node);
 void tnt_dist_set_alone(int on);
+void tnt_dist_held(tnt_handle *hs, int64_t n, int64_t *out);
 void tnt_shutdown(void);
 int tnt_ncpu(void);
 int tnt_nworkers(void);
