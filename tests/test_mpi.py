@@ -317,6 +317,80 @@ def test_two_ranks_in_two_network_namespaces(tmp_path, two_hosts):
     assert int(rx.stdout) >= got[1]["mpi"]["bytes_received"]
 
 
+DDP_SCRIPT = textwrap.dedent("""
+    import json, sys, torch, torch.distributed as dist, torch_nntile
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("nntile")  # unchanged: the launcher set the rendezvous
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nn = lambda t: t.to("nntile")
+    t = nn(torch.arange(6, dtype=torch.float32) + rank)
+    dist.all_reduce(t)
+    m = nn(torch.tensor([1.0, -2.0]) * (rank + 1))
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    b = nn(torch.full((3,), float(rank)))
+    dist.broadcast(b, src=world - 1)
+    outs = [nn(torch.zeros(2)) for _ in range(world)]
+    dist.all_gather(outs, nn(torch.full((2,), float(rank))))
+    rs = nn(torch.zeros(2))
+    dist.reduce_scatter(rs, [nn(torch.full((2,), float(rank * 10 + q))) for q in range(world)])
+    dist.barrier()
+    got = {"all_reduce": t.cpu().tolist(), "max": m.cpu().tolist(), "broadcast": b.cpu().tolist(),
+           "all_gather": [o.cpu().tolist() for o in outs], "reduce_scatter": rs.cpu().tolist()}
+    torch.manual_seed(0)
+    model = nn(torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10)))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    X, Y = torch.randn(96, 32, generator=g), torch.randint(0, 10, (96,), generator=g)
+    n = 96 // world  # each rank its own shard of the batch
+    x, y = nn(X[rank * n:(rank + 1) * n]), nn(Y[rank * n:(rank + 1) * n])
+    got["losses"] = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        got["losses"].append(loss.item())
+    got["w"] = [p.detach().cpu().tolist() for p in model.parameters()]
+    with open(f"{sys.argv[1]}/ddp_{world}_{rank}.json", "w") as f:
+        json.dump(got, f)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_distributed_and_ddp_on_nntile(tmp_path, n):
+    """init_process_group("nntile"): all_reduce (sum, max), broadcast, all_gather,
+    reduce_scatter and barrier on nntile tensors give what the ranks' values give; an
+    unchanged DistributedDataParallel script, each rank on its shard of the batch, gets
+    one process's full-batch losses (the mean of the ranks') and weights, the same on
+    every rank."""
+    out = _launch(tmp_path, n, DDP_SCRIPT, {"TORCH_NNTILE_MPI_TIMEOUT": "60"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"ddp_{n}_{r}.json").read_text()) for r in range(n)]
+    for r, got in enumerate(ranks):
+        assert got["all_reduce"] == [n * i + n * (n - 1) / 2 for i in range(6)]
+        assert got["max"] == [float(n), -2.0]
+        assert got["broadcast"] == [float(n - 1)] * 3
+        assert got["all_gather"] == [[float(q)] * 2 for q in range(n)]
+        assert got["reduce_scatter"] == [float(sum(q * 10 + r for q in range(n)))] * 2
+        assert got["w"] == ranks[0]["w"]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    X, Y = torch.randn(96, 32, generator=g), torch.randint(0, 10, (96,), generator=g)
+    for step in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(X), Y)
+        loss.backward()
+        opt.step()
+        mean = sum(got["losses"][step] for got in ranks) / n
+        assert abs(mean - loss.item()) <= 1e-6 * abs(loss.item())
+    for p, w in zip(model.parameters(), ranks[0]["w"], strict=True):
+        torch.testing.assert_close(torch.tensor(w), p.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_failing_rank_fails_the_launch(tmp_path):
     out = _launch(tmp_path, 2, "import sys, torch_nntile\ntorch_nntile.init_context(ncpu=1)\n"
                                "sys.exit(3 if torch_nntile.rank() == 1 else 0)\n")
@@ -330,6 +404,7 @@ def test_outside_mpirun_one_rank():
 def test_launch_command(monkeypatch):
     cmd = launch.command(4, "train.py", ["--steps", "2"])
     assert cmd[1:6] == ["-np", "4", "--oversubscribe", "--bind-to", "none"]
+    assert any(a.startswith("MASTER_PORT=") for a in cmd) or "MASTER_PORT" in os.environ
     assert cmd[-4:] == [sys.executable, "train.py", "--steps", "2"]
     assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
     monkeypatch.setattr(shutil, "which", lambda name: None)

@@ -27,6 +27,7 @@ from importlib import metadata as _metadata
 import torch
 
 from torch_nntile import backend as _backend  # noqa: F401  (registers the device)
+from torch_nntile import distributed as _distributed
 from torch_nntile import stats as _stats
 from torch_nntile.backend.capture import Captured, CaptureError, capture
 from torch_nntile.backend.device import read as _read
@@ -46,6 +47,7 @@ from torch_nntile.report import (
     trace,
 )
 from torch_nntile.runtime.agree import ProgramsDivergedError
+from torch_nntile.runtime.context import export_launch_env as _export_launch_env
 from torch_nntile.runtime.context import launch_rank_size
 from torch_nntile.runtime.failures import KernelError, TileMemoryError
 from torch_nntile.runtime.ooc import OutOfCore
@@ -68,6 +70,9 @@ __all__ = [
     "set_axis_group_tiling", "shutdown_context",
     "start_trace", "stop_trace", "TileMemoryError", "trace", "wait", "world_size",
 ]
+
+_export_launch_env()  # torch.distributed's env:// rendezvous under mpirun
+_distributed.register()  # init_process_group("nntile")
 
 # Parameters are swapped, not re-wrapped, by Module.to(): tied weights stay tied.
 torch.__future__.set_swap_module_params_on_conversion(True)

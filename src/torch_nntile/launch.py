@@ -5,7 +5,8 @@ Each process runs the whole script with its own StarPU workers; ``init_context()
 joins the MPI world (StarPU-MPI), and ``torch_nntile.rank()`` / ``world_size()`` tell
 the processes apart. The options are those a run on one machine needs with OpenMPI:
 more processes than cores allowed (``--oversubscribe``), no binding of a process to a
-core (StarPU binds its own workers), and, for root, ``--allow-run-as-root``.
+core (StarPU binds its own workers), and, for root, ``--allow-run-as-root``; and a free
+port for ``torch.distributed``'s rendezvous (``MASTER_ADDR``, ``MASTER_PORT``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -23,7 +25,16 @@ def command(nproc: int, script: str, args: list[str]) -> list[str]:
     if mpirun is None:
         raise RuntimeError("torch_nntile.launch: mpirun not found (install OpenMPI: apt-get install openmpi-bin)")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [mpirun, "-np", str(nproc), "--oversubscribe", "--bind-to", "none", *root, sys.executable, script, *args]
+    # torch.distributed's rendezvous (init_process_group("nntile")): this machine, a free port
+    rdv = [] if "MASTER_PORT" in os.environ else ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={_free_port()}"]
+    return [mpirun, "-np", str(nproc), "--oversubscribe", "--bind-to", "none", *root, *rdv, sys.executable, script,
+            *args]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,7 +145,7 @@ class Agreement:
 
         def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
             previous(kind, exc, tb)
-            if self.alive and self.distributed:
+            if self.alive and self.world_size > 1:
                 sys.stderr.write(f"torch_nntile: rank {self.rank} of {self.world_size} stopped on "
                                  f"{kind.__name__}; stopping every rank\n")
                 sys.stderr.flush()

@@ -46,6 +46,20 @@ def launch_rank_size() -> tuple[int, int]:
     return rank, size
 
 
+def export_launch_env() -> None:
+    """Started by mpirun: the variables ``torch.distributed``'s ``env://`` rendezvous reads
+    (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), where not
+    set, as torchrun would set them: an unchanged ``init_process_group("nntile")`` then
+    joins the same world."""
+    if not mpi_launched():
+        return
+    rank, size = launch_rank_size()
+    local = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", str(rank))
+    for k, v in (("RANK", str(rank)), ("WORLD_SIZE", str(size)), ("LOCAL_RANK", local),
+                 ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        os.environ.setdefault(k, v)
+
+
 class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
     """One StarPU session. Create through ``torch_nntile.init_context``."""
 
@@ -93,7 +107,7 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
             self.lib.tnt_shutdown()
             self.lib.tnt_set_managed(0)
             raise
-        if self.distributed:
+        if self.world_size > 1:
             self.install_excepthook()
         self.ooc = ooc
         self._stuck: str | None = None  # out of core, why StarPU is stuck (Swap.check_stall)

@@ -92,6 +92,18 @@ class TileMemory:
         stats.COUNTS["tiles_registered"] += len(sizes)
         return out
 
+    def keep_replicas(self) -> None:
+        """From now on each rank keeps values of its own, as a process of its own would
+        (torch.distributed's process group: every rank a replica of the model, on data of
+        its own); only collectives move tiles. Before any tile is placed over the ranks."""
+        if not self.distributed:
+            return
+        if self._by_tag:
+            raise RuntimeError("torch_nntile: init_process_group('nntile') must come before any tensor is moved to "
+                               "nntile: the tensors made before are spread over the ranks, not one per rank")
+        self.distributed = False
+        self.lib.tnt_dist_set_placed(0)
+
     def owner_of(self, h: Any) -> int:
         """Over several ranks, the owner handle ``h`` was registered with (or pinned to):
         -1 where the first task writing it decides."""

@@ -257,6 +257,28 @@ void tnt_dist_fetch(tnt_handle h, int node)
     starpu_mpi_get_data_on_node_detached(MPI_COMM_WORLD, d, node, NULL, NULL);
 }
 
+/* torch.distributed's collectives (torch_nntile/distributed.py): a tile of this rank's
+   own sent to rank ``dest``, or one received from ``src`` into a tile no task has written
+   yet, under a tag both sides compute alike. StarPU orders the send after the tile's
+   writers and the tile's readers after the receive. */
+void tnt_dist_send(tnt_handle h, int dest, int64_t tag)
+{
+    starpu_data_handle_t d = (starpu_data_handle_t)h;
+    __atomic_add_fetch(&tnt_sent_bytes, (int64_t)starpu_data_get_size(d), __ATOMIC_RELAXED);
+    starpu_mpi_isend_detached(d, dest, tag, MPI_COMM_WORLD, NULL, NULL);
+}
+
+void tnt_dist_recv(tnt_handle h, int src, int64_t tag)
+{
+    starpu_data_handle_t d = (starpu_data_handle_t)h;
+    __atomic_add_fetch(&tnt_recv_bytes, (int64_t)starpu_data_get_size(d), __ATOMIC_RELAXED);
+    starpu_mpi_irecv_detached(d, src, tag, MPI_COMM_WORLD, NULL, NULL);
+}
+
+/* Tasks are placed over the ranks (the default over several), or each rank keeps its own
+   values (torch.distributed's process group: every rank a replica). */
+void tnt_dist_set_placed(int on) { tnt_dist_on = on && tnt_size > 1; }
+
 /* Bytes of the tiles ``hs`` this rank owns (out[0]) and holds in its memory (out[1]:
    its own and the copies it received, as StarPU allocated them). */
 void tnt_dist_held(tnt_handle *hs, int64_t n, int64_t *out)
@@ -322,6 +344,9 @@ int64_t tnt_dist_tag(tnt_handle h) { (void)h; return -1; }
 int tnt_dist_owner(tnt_handle h) { (void)h; return -1; }
 void tnt_dist_fetch(tnt_handle h, int node) { (void)h; (void)node; }
 void tnt_dist_set_alone(int on) { (void)on; }
+void tnt_dist_send(tnt_handle h, int dest, int64_t tag) { (void)h; (void)dest; (void)tag; }
+void tnt_dist_recv(tnt_handle h, int src, int64_t tag) { (void)h; (void)src; (void)tag; }
+void tnt_dist_set_placed(int on) { (void)on; }
 void tnt_dist_held(tnt_handle *hs, int64_t n, int64_t *out) { (void)hs; (void)n; out[0] = out[1] = 0; }
 
 #endif
