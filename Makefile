@@ -81,6 +81,7 @@ bench-pages: setup
 	$(VPY) benchmarks/gpt2_step.py --capture --json benchmarks/results/gpt2_step-capture.json
 	$(VPY) benchmarks/gpt2_step.py --size medium --json benchmarks/results/gpt2_step-medium.json
 	$(VPY) benchmarks/cnn_step.py --json benchmarks/results/cnn_step.json
+	$(VPY) benchmarks/mpi_step.py --json benchmarks/results/mpi_step.json
 	$(VPY) benchmarks/report_pages.py
 
 lint: setup

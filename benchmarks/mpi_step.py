@@ -155,6 +155,7 @@ def main() -> None:
               f"{r['sent_mib_max']:>12.2f} {r['sent_mib_mean']:>13.2f} {r['ring_allreduce_mib']:>9.2f} {ratio:>9} "
               f"{owned:>9} {held:>9} {r['peak_rss_mib_max']:>12.0f}", flush=True)
     if args.json:
+        from torch_nntile.runtime import _shim  # noqa: F401 - loads the libstarpu whose version machine_facts reads
         rec = run_record("mpi_step", args, date, time.perf_counter() - t0, machine_facts(args.workers),
                          internal=("json", "worker", "ncpu"))
         rec |= {"model": "DeepReLU 784-1024x4-10, AdamW", "tiling": f"batch {args.tile}", "runs": runs}

@@ -5,9 +5,12 @@ the figures printed (no timing asserted), and writes the same figures with ``--j
 The runs with the peak memory start three interpreters each (the timed one and one per
 side), so they are marked slow.
 
+benchmarks/mpi_step.py (where mpirun and StarPU-MPI are) runs over 1 and 2 processes with
+tiny settings and writes a run per process count, 2 ranks sending tiles and 1 none.
+
 benchmarks/report_pages.py: synthetic results give the table's numbers and the plots,
-the same bytes twice; ``--check`` passes on the committed docs/benchmarks.md and fails
-on an edited copy."""
+the same bytes twice, results of several processes in the page's second generated part;
+``--check`` passes on the committed docs/benchmarks.md and fails on an edited copy."""
 
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ import cnn_step  # noqa: E402
 import gpt2_step  # noqa: E402
 import mlp_step  # noqa: E402
 import report_pages  # noqa: E402
+
+import torch_nntile  # noqa: E402
 
 ROOT = BENCH.parent
 
@@ -308,6 +313,103 @@ def test_report_pages_table_and_plots(tmp_path):
     assert report_pages.main([*argv, "--check"]) == 0
     assert report_pages.main(argv) == 0  # the same inputs: the same page and the same bytes
     assert page.read_text() == text and {name: (img / name).read_bytes() for name in pngs} == first
+
+
+RUN_KEYS = {"ranks", "workers_per_rank", "step_ms", "block_ms", "sent_mib_max", "sent_mib_mean", "ring_allreduce_mib",
+            "sent_over_ring", "owned_mib_max", "held_mib_max", "peak_rss_mib_max", "param_mib"}
+PROCESSES = "\n<!-- begin generated: processes -->\nold\n<!-- end generated: processes -->\n\nEnd.\n"
+
+
+def _run_of(ranks: int, step_ms: float, sent: float, owned: float | None) -> dict:
+    """A synthetic run of ``ranks`` processes as mpi_step.py writes it (params of 15 MiB)."""
+    ring = 2 * (ranks - 1) / ranks * 15.0
+    return {"ranks": ranks, "workers_per_rank": max(1, 2 // ranks), "step_ms": step_ms,
+            "block_ms": [step_ms * 0.9, step_ms * 1.1], "sent_mib_max": sent, "sent_mib_mean": sent * 0.9,
+            "ring_allreduce_mib": ring, "sent_over_ring": sent / ring if ring else None, "owned_mib_max": owned,
+            "held_mib_max": owned and owned * 1.25, "peak_rss_mib_max": 400.0 + 10 * ranks, "param_mib": 15.0}
+
+
+def _mpi_result(tmp_path: Path) -> Path:
+    rec = _result("mpi_step", ["--json", "z.json", "--ranks", "1,2,4"], [1.0], [1.0], 1.0, None)
+    for key in ("steps", "block", "cpu", "nntile", "ratio", "floor", "best_floor", "rss", "captured"):
+        del rec[key]
+    rec |= {"options": {"steps": 10, "block": 5, "workers": 2, "ranks": "1,2,4"}, "model": "an MLP",
+            "runs": [_run_of(1, 87.2, 0.0, 188.0), _run_of(2, 213.4, 19.56, 33.5), _run_of(4, 9.5, 21.2, None)]}
+    path = tmp_path / "mpi_step.json"
+    path.write_text(json.dumps(rec))
+    return path
+
+
+def test_report_pages_processes_part(tmp_path, capsys):
+    """A result with ``runs`` goes to the second part, a row per process count; its plot is
+    kept, made twice to the same bytes, and checked; a page without the second markers is refused."""
+    pytest.importorskip("matplotlib")
+    paths = [*_write_results(tmp_path), _mpi_result(tmp_path)]
+    page, img = tmp_path / "benchmarks.md", tmp_path / "img"
+    page.write_text(PAGE + PROCESSES)
+    argv = [*map(str, paths), "--page", str(page), "--img-dir", str(img)]
+    assert report_pages.main(argv) == 0
+    text = page.read_text()
+    first, second = text.split("<!-- begin generated: processes -->\n")
+    assert "mpi_step" not in first and len([ln for ln in first.splitlines() if ln.startswith("| `")]) == 6
+    assert second.startswith("<!-- Made by benchmarks/report_pages.py") and second.endswith(
+        "\n<!-- end generated: processes -->\n\nEnd.\n")
+    rows = [ln for ln in second.splitlines() if ln.startswith("| `")]
+    assert rows == [
+        "| `mpi_step.py --ranks 1,2,4` | Test CPU, 2 cores | 2026-12-06 | 1 | 2 | 87.2 | 0.00 | 0.00 | 0.00 | - "
+        "| 188.0 | 235.0 | 410 |",
+        "| `mpi_step.py --ranks 1,2,4` | Test CPU, 2 cores | 2026-12-06 | 2 | 1 | 213 | 19.56 | 17.60 | 15.00 | 1.30 "
+        "| 33.5 | 41.9 | 420 |",
+        "| `mpi_step.py --ranks 1,2,4` | Test CPU, 2 cores | 2026-12-06 | 4 | 1 | 9.50 | 21.20 | 19.08 | 22.50 | 0.94 "
+        "| - | - | 440 |",
+        "| `mpi_step.py --ranks 1,2,4` | an MLP | batch 256 | 10 (5) | 2 | 2.13.0 | 1.3.10 | 3.11.7 | abc1234 | 1.5 "
+        "| 42 | `mpi_step.json` |",
+    ]
+    assert "](img/bench-mpi_step.png)" in second and "bench-mpi_step" not in first
+    plot = img / "bench-mpi_step.png"
+    once = plot.read_bytes()
+    assert once.startswith(b"\x89PNG") and b"matplotlib" not in once
+    assert report_pages.main([*argv, "--check"]) == 0
+    assert report_pages.main(argv) == 0  # the stale-plot sweep keeps it, and the bytes are the same
+    assert plot.read_bytes() == once and page.read_text() == text
+    plot.unlink()
+    assert report_pages.main([*argv, "--check"]) == 1 and "bench-mpi_step.png" in capsys.readouterr().err
+    page.write_text(PAGE)
+    with pytest.raises(SystemExit, match="generated: processes"):
+        report_pages.main(argv)
+
+
+def test_report_pages_processes_part_alone(tmp_path):
+    """With results of several processes only, the first part says it has none, and no overview is drawn."""
+    pytest.importorskip("matplotlib")
+    page, img = tmp_path / "benchmarks.md", tmp_path / "img"
+    page.write_text(PAGE + PROCESSES)
+    argv = [str(_mpi_result(tmp_path)), "--page", str(page), "--img-dir", str(img)]
+    assert report_pages.main(argv) == 0
+    first = page.read_text().split("<!-- begin generated: processes -->")[0]
+    assert "\nNo result files of this kind.\n\n<!-- end generated -->\n" in first
+    assert sorted(p.name for p in img.iterdir()) == ["bench-mpi_step.png"]
+    assert report_pages.main([*argv, "--check"]) == 0
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None or not torch_nntile.built_with_mpi(),
+                    reason="needs OpenMPI's mpirun and StarPU-MPI (the project's own StarPU build)")
+def test_mpi_step_writes_json(tmp_path):
+    path = tmp_path / "mpi.json"
+    argv = ["--ranks", "1,2", "--steps", "2", "--block", "1", "--warmup", "1", "--batch", "64", "--tile", "32",
+            "--json", str(path)]
+    r = subprocess.run([sys.executable, str(BENCH / "mpi_step.py"), *argv], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = json.loads(path.read_text())
+    assert rec["benchmark"] == "mpi_step" and rec["argv"] == argv and "runs" in rec and "cpu" not in rec
+    assert report_pages.command(rec) == "mpi_step.py " + " ".join(argv[:-2])
+    one, two = rec["runs"]
+    assert set(one) == RUN_KEYS and set(two) == RUN_KEYS
+    assert (one["ranks"], two["ranks"]) == (1, 2)
+    assert one["sent_mib_max"] == 0 and one["sent_over_ring"] is None
+    assert two["sent_mib_max"] > 0 and two["sent_over_ring"] == pytest.approx(two["sent_mib_max"] / two["ring_allreduce_mib"])
+    assert len(one["block_ms"]) == len(two["block_ms"]) == 2
+    assert two["owned_mib_max"] < one["owned_mib_max"] <= one["held_mib_max"]
 
 
 def test_report_pages_check_passes_on_the_committed_page():

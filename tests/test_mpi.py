@@ -333,9 +333,17 @@ DDP_SCRIPT = textwrap.dedent("""
     dist.all_gather(outs, nn(torch.full((2,), float(rank))))
     rs = nn(torch.zeros(2))
     dist.reduce_scatter(rs, [nn(torch.full((2,), float(rank * 10 + q))) for q in range(world)])
+    avg = nn(torch.full((2,), float(rank)))
+    dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+    cat = nn(torch.zeros(2 * world))
+    dist.all_gather_into_tensor(cat, nn(torch.full((2,), float(rank))))
+    rst = nn(torch.zeros(2))
+    dist.reduce_scatter_tensor(rst, nn(torch.arange(2 * world, dtype=torch.float32) + 10 * rank))
     dist.barrier()
     got = {"all_reduce": t.cpu().tolist(), "max": m.cpu().tolist(), "broadcast": b.cpu().tolist(),
-           "all_gather": [o.cpu().tolist() for o in outs], "reduce_scatter": rs.cpu().tolist()}
+           "all_gather": [o.cpu().tolist() for o in outs], "reduce_scatter": rs.cpu().tolist(),
+           "avg": avg.cpu().tolist(), "all_gather_into_tensor": cat.cpu().tolist(),
+           "reduce_scatter_tensor": rst.cpu().tolist()}
     torch.manual_seed(0)
     model = nn(torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10)))
     ddp = DDP(model)
@@ -360,8 +368,9 @@ DDP_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_torch_distributed_and_ddp_on_nntile(tmp_path, n):
-    """init_process_group("nntile"): all_reduce (sum, max), broadcast, all_gather,
-    reduce_scatter and barrier on nntile tensors give what the ranks' values give; an
+    """init_process_group("nntile"): all_reduce (sum, max, average), broadcast,
+    all_gather (into a list and into a tensor), reduce_scatter (from a list and from a
+    tensor) and barrier on nntile tensors give what the ranks' values give; an
     unchanged DistributedDataParallel script, each rank on its shard of the batch, gets
     one process's full-batch losses (the mean of the ranks') and weights, the same on
     every rank."""
@@ -374,6 +383,9 @@ def test_torch_distributed_and_ddp_on_nntile(tmp_path, n):
         assert got["broadcast"] == [float(n - 1)] * 3
         assert got["all_gather"] == [[float(q)] * 2 for q in range(n)]
         assert got["reduce_scatter"] == [float(sum(q * 10 + r for q in range(n)))] * 2
+        assert got["avg"] == [(n - 1) / 2] * 2
+        assert got["all_gather_into_tensor"] == [float(q) for q in range(n) for _ in range(2)]
+        assert got["reduce_scatter_tensor"] == [float(sum(10 * q + 2 * r + i for q in range(n))) for i in range(2)]
         assert got["w"] == ranks[0]["w"]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 10))

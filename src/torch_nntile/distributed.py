@@ -116,10 +116,13 @@ class ProcessGroupNntile(dist.ProcessGroup):
                     out.copy_(part)
         return _done(output_tensors)
 
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        """``all_gather_into_tensor``: the ranks' inputs, concatenated."""
         with torch.no_grad():
             output.copy_(torch.cat(self._gather(input)).view(output.shape))
         return _done(output)
+
+    _allgather_base = all_gather_single  # the name torch's C++ callers use
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any) -> Any:
@@ -128,10 +131,13 @@ class ProcessGroupNntile(dist.ProcessGroup):
                 out.copy_(self._scatter_reduce(parts, opts.reduceOp))
         return _done(output_tensors)
 
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+        """``reduce_scatter_tensor``: chunk r of every rank's input, reduced, to rank r."""
         with torch.no_grad():
             output.copy_(self._scatter_reduce(list(input.chunk(self._size)), opts.reduceOp).view(output.shape))
         return _done(output)
+
+    _reduce_scatter_base = reduce_scatter_single
 
     def _scatter_reduce(self, parts: list[torch.Tensor], op: Any) -> torch.Tensor:
         """Part r of every rank goes to rank r; this rank's parts from all, reduced."""

@@ -20,6 +20,7 @@ import contextlib
 import os
 import struct
 import sys
+import traceback
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -146,9 +147,12 @@ class Agreement:
         def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
             previous(kind, exc, tb)
             if self.alive and self.world_size > 1:
-                sys.stderr.write(f"torch_nntile: rank {self.rank} of {self.world_size} stopped on "
-                                 f"{kind.__name__}; stopping every rank\n")
-                sys.stderr.flush()
+                err = sys.__stderr__ or sys.stderr
+                if sys.stderr is not err:  # torch.distributed's hook captures ours, to print it after: too late
+                    traceback.print_exception(kind, exc, tb, file=err)
+                err.write(f"torch_nntile: rank {self.rank} of {self.world_size} stopped on {kind.__name__}; "
+                          "stopping every rank\n")
+                err.flush()
                 self.lib.tnt_mpi_abort(1)
 
         sys.excepthook = hook
