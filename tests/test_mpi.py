@@ -59,7 +59,29 @@ def test_launch_runs_the_script_on_every_rank(tmp_path, n):
         assert float(r[4]) == 0.0
 
 
-TRAIN = textwrap.dedent("""
+SGD_STEPS = """opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+losses = []
+for _ in range(3):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())"""
+
+
+def _with_steps(script: str) -> str:
+    """``script`` with its line ``SGD_STEPS`` replaced by three SGD steps of ``model`` on
+    ``x`` and ``y`` (their losses in ``losses``), at that line's indent."""
+    lines = []
+    for line in script.split("\n"):
+        if line.strip() == "SGD_STEPS":
+            lines.append(textwrap.indent(SGD_STEPS, line[:len(line) - len(line.lstrip())]))
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+TRAIN = _with_steps(textwrap.dedent("""
     import json, sys, torch, torch_nntile
     from torch_nntile.report import info
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -76,14 +98,7 @@ TRAIN = textwrap.dedent("""
         torch_nntile.set_axis_group_name(x, {0: "batch"})
         torch_nntile.set_axis_group_name(model[0].weight, {0: "hidden"})
         torch_nntile.set_axis_group_tiling(group, [40, 32, 24] if group == "batch" else 16)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        losses = []
-        for _ in range(3):
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        SGD_STEPS
         torch_nntile.set_axis_group_tiling(group, None)
         return losses, model
 
@@ -118,7 +133,7 @@ TRAIN = textwrap.dedent("""
     with open(f"{out}/train_{torch_nntile.world_size()}_{torch_nntile.rank()}.json", "w") as f:
         json.dump(results, f)
     torch_nntile.shutdown_context()
-""")
+"""))
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +238,7 @@ def test_save_pretrained_on_rank_0_alone_writes_the_whole_model(trained, n):
         torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-6)
 
 
-VETH = textwrap.dedent("""
+VETH = _with_steps(textwrap.dedent("""
     import json, sys, torch, torch_nntile
     from torch_nntile.report import info
     torch_nntile.init_context(ncpu=1)
@@ -233,18 +248,11 @@ VETH = textwrap.dedent("""
     x, y = torch.randn(96, 32).to("nntile"), torch.randint(0, 10, (96,)).to("nntile")
     torch_nntile.set_axis_group_name(x, {0: "batch"})
     torch_nntile.set_axis_group_tiling("batch", 24)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for _ in range(3):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    SGD_STEPS
     w = [p.detach().cpu().tolist() for p in model.parameters()]
     with open(f"{sys.argv[1]}/veth_{torch_nntile.world_size()}_{torch_nntile.rank()}.json", "w") as f:
         json.dump({"losses": losses, "w": w, "mpi": info()["mpi"]}, f)
-""")
+"""))
 
 # mpirun's remote-shell agent: "agent [options] host command...": each host runs in its namespace
 AGENT = """#!/bin/sh
