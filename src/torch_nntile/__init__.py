@@ -27,7 +27,6 @@ from importlib import metadata as _metadata
 import torch
 
 from torch_nntile import backend as _backend  # noqa: F401  (registers the device)
-from torch_nntile import distributed as _distributed
 from torch_nntile import stats as _stats
 from torch_nntile.backend.capture import Captured, CaptureError, capture
 from torch_nntile.backend.device import read as _read
@@ -72,7 +71,10 @@ __all__ = [
 ]
 
 _export_launch_env()  # torch.distributed's env:// rendezvous under mpirun
-_distributed.register()  # init_process_group("nntile")
+if torch.distributed.is_available():  # a torch built without it has no process groups to join
+    from torch_nntile import distributed as _distributed
+
+    _distributed.register()  # init_process_group("nntile")
 
 # Parameters are swapped, not re-wrapped, by Module.to(): tied weights stay tied.
 torch.__future__.set_swap_module_params_on_conversion(True)

@@ -186,5 +186,5 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Pr
 
 def register() -> None:
     """Make ``init_process_group("nntile")`` available (once)."""
-    if dist.is_available() and "NNTILE" not in dist.Backend._plugins:
+    if "NNTILE" not in dist.Backend._plugins:
         dist.Backend.register_backend("nntile", _create, devices=["nntile"])  # a list: a string is split in letters
