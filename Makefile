@@ -9,7 +9,7 @@ export STARPU_SILENT ?= 1
 export STARPU_PREFIX ?= $(CURDIR)/.cache/starpu
 export PKG_CONFIG_PATH := $(STARPU_PREFIX)/lib/pkgconfig$(if $(PKG_CONFIG_PATH),:$(PKG_CONFIG_PATH))
 
-.PHONY: setup starpu demo test test-all test-check test-stress test-wheel wheel bench bench-pages soak lint docs clean
+.PHONY: setup starpu starpu-cuda demo test test-all test-check test-stress test-wheel wheel bench bench-pages soak lint docs clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py scripts/build_starpu.sh src/torch_nntile/runtime/_build_shim.py \
 		$(wildcard src/torch_nntile/runtime/csrc/*) $(wildcard src/torch_nntile/backend/csrc/*) \
@@ -29,6 +29,11 @@ setup: $(VENV)/.done
 # StarPU alone (reused when $(STARPU_PREFIX) holds the same version and options).
 starpu:
 	bash scripts/build_starpu.sh
+
+# StarPU with CUDA workers too, against PyPI's CUDA 13.0 wheels, into .cache/starpu-cuda
+# (no GPU needed to build it; the package is not built against it by default).
+starpu-cuda:
+	STARPU_CUDA=1 STARPU_PREFIX=$(CURDIR)/.cache/starpu-cuda bash scripts/build_starpu.sh
 
 demo: setup
 	$(VPY) examples/train_mlp.py

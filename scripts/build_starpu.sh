@@ -9,20 +9,43 @@
 # this repository), `apt-get source` fetches it, and it is configured for many workers
 # with StarPU-MPI, without examples, tests, documentation, OpenCL, FFT or Fortran.
 #
+# With STARPU_CUDA=1 it is built with CUDA workers too, against the CUDA 13.0 of PyPI's
+# NVIDIA wheels (runtime, cuBLAS, the compiler StarPU's configure looks for, and the
+# headers StarPU's own headers include), unpacked into STARPU_CUDA_HOME (default
+# .cache/cuda): no GPU and no CUDA toolkit is needed to build it, and it runs with no CUDA
+# worker where there is no GPU. StarPU 1.4.10 predates CUDA 13: scripts/starpu-patches/
+# has the change it needs.
+#
 # The folder is reused when its stamp records the same version and options; anything
-# else rebuilds it. Environment: STARPU_PREFIX (default .cache/starpu), STARPU_JOBS
-# (make -j, default the core count). Needs root, or sudo, for apt-get.
+# else rebuilds it. Environment: STARPU_PREFIX (default .cache/starpu, or .cache/starpu-cuda
+# with STARPU_CUDA=1), STARPU_JOBS (make -j, default the core count), PY (the Python that
+# fetches the wheels, default python3.11). Needs root, or sudo, for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 
 VERSION=1.4.10+dfsg-2
-PREFIX=$(realpath -m "${STARPU_PREFIX:-.cache/starpu}")
+CUDA=${STARPU_CUDA:-0}
+PREFIX=$(realpath -m "${STARPU_PREFIX:-$([ "$CUDA" = 1 ] && echo .cache/starpu-cuda || echo .cache/starpu)}")
 OPTIONS=(--enable-maxcpus=256 --enable-maxbuffers=32 --enable-mpi --disable-fxt
          --disable-build-examples --disable-build-tests --disable-build-doc
          --disable-opencl --disable-socl --disable-starpufft --disable-fortran --disable-cuda
          --disable-hip --disable-max-fpga --disable-openmp --disable-starpupy --disable-mlr --disable-static)
+# CUDA 13.0, as the GPU machine's PyTorch; whole wheels, and wheels of which StarPU needs the headers only
+CUDA_WHEELS=(nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cublas==13.0.2.14
+             nvidia-cuda-nvcc==13.0.88)
+CUDA_HEADERS=(nvidia-cusparse==12.6.3.3 nvidia-cusolver==12.0.4.66)
+if [ "$CUDA" = 1 ]; then
+    CUDA_HOME=$(realpath -m "${STARPU_CUDA_HOME:-.cache/cuda}")
+    C="$CUDA_HOME/nvidia/cu13"
+    OPTIONS=("${OPTIONS[@]/--disable-cuda/--enable-cuda}" --with-cuda-dir="$C" --with-cuda-include-dir="$C/include"
+             --with-cuda-lib-dir="$C/lib" NVCC="$C/bin/nvcc" LDFLAGS="-Wl,-rpath,$C/lib")
+fi
 STAMP="$PREFIX/.torch_nntile-build"
 WANT="$VERSION ${OPTIONS[*]}"
+if [ "$CUDA" = 1 ]; then
+    WANT="$WANT ${CUDA_WHEELS[*]} ${CUDA_HEADERS[*]} $(cat scripts/starpu-patches/*.patch | md5sum | cut -c1-12)"
+fi
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -f "$PREFIX/lib/pkgconfig/starpu-1.4.pc" ]; then
     echo "$PREFIX"
@@ -65,9 +88,40 @@ mkdir -p "$WORK"
     { echo "build_starpu: apt-get source starpu=$VERSION failed (is the deb-src entry $SRC_LIST reachable?)" >&2; exit 1; }
 ( cd "$WORK" && dpkg-source -x --no-check ./*.dsc src >/dev/null )
 
+# The CUDA wheels: fetched by pip in a venv of its own, unpacked with zipfile (no unzip
+# needed), the libraries given the unversioned names the linker looks for.
+fetch_cuda() {
+    local stamp="$CUDA_HOME/.torch_nntile-wheels" want="${CUDA_WHEELS[*]} | ${CUDA_HEADERS[*]}"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+    echo "build_starpu: fetching CUDA's wheels into $CUDA_HOME" >&2
+    rm -rf "$CUDA_HOME" "$WORK/wheels" "$WORK/pip"
+    "${PY:-python3.11}" -m venv "$WORK/pip"
+    "$WORK/pip/bin/python" -m pip download -q --no-deps -d "$WORK/wheels" "${CUDA_WHEELS[@]}" "${CUDA_HEADERS[@]}"
+    "$WORK/pip/bin/python" - "$WORK/wheels" "$CUDA_HOME" "${CUDA_HEADERS[@]%%==*}" <<'PYEOF'
+import pathlib, sys, zipfile
+wheels, home, headers_only = pathlib.Path(sys.argv[1]), sys.argv[2], {n.replace("-", "_") for n in sys.argv[3:]}
+for w in sorted(wheels.glob("*.whl")):
+    with zipfile.ZipFile(w) as z:
+        only = w.name.split("-")[0] in headers_only
+        names = [n for n in z.namelist() if n.startswith("nvidia/") and (not only or "/include/" in n)]
+        z.extractall(home, names)
+        for n in names:  # zip entries keep no permissions: the compiler's tools must run
+            if "/bin/" in n:
+                (pathlib.Path(home) / n).chmod(0o755)
+PYEOF
+    for lib in cudart cublas cublasLt; do ln -sf "lib$lib.so.13" "$C/lib/lib$lib.so"; done
+    echo "$want" >"$stamp"
+}
+if [ "$CUDA" = 1 ]; then
+    fetch_cuda
+fi
+
 echo "build_starpu: configuring StarPU $VERSION into $PREFIX" >&2
 rm -rf "$PREFIX"
 cd "$WORK/src"
+if [ "$CUDA" = 1 ]; then
+    for p in "$ROOT"/scripts/starpu-patches/*.patch; do patch -s -p1 <"$p"; done
+fi
 ./configure --prefix="$PREFIX" "${OPTIONS[@]}" >"$WORK/configure.log" 2>&1 ||
     { tail -n 30 "$WORK/configure.log" >&2; exit 1; }
 make -j"${STARPU_JOBS:-$(nproc)}" >"$WORK/make.log" 2>&1 || { tail -n 40 "$WORK/make.log" >&2; exit 1; }
