@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import dump_json, machine_facts, run_record, utc_now
+from _common import classifier_step, dump_json, machine_facts, run_record, timed_block, utc_now
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,26 +53,12 @@ def worker(args: argparse.Namespace) -> None:
     y = torch.randint(0, 10, (args.batch,), generator=gen).to("nntile")
     torch_nntile.set_axis_group_name(x, {0: "batch"})
     torch_nntile.set_axis_group_tiling("batch", args.tile)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def step() -> float:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
+    step = classifier_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y, False)
     for _ in range(args.warmup):
         step()
     torch_nntile.wait()
     torch_nntile.reset_info()
-    blocks = []
-    for _ in range(args.steps // args.block):
-        t0 = time.perf_counter()
-        for _ in range(args.block):
-            step()
-        torch_nntile.wait()
-        blocks.append((time.perf_counter() - t0) / args.block)
+    blocks = [timed_block(step, args.block, True) for _ in range(args.steps // args.block)]
     torch_nntile.empty_cache()  # one rank keeps dead tiles' memory as spares: count the live tiles only
     d = info()
     one = {"tile_bytes_owned": d["tile_bytes"], "tile_bytes_held": d["tile_bytes"]}  # one rank: every tile is its own

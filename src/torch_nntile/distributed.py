@@ -78,13 +78,16 @@ class ProcessGroupNntile(dist.ProcessGroup):
         node.value = TileArray(rt, like.shape, like.dtype, like.tiling, source=Given(handles))
         return new_tensor(node)
 
+    def _send_others(self, arr: TileArray, call: int) -> None:
+        for r in range(self._size):
+            if r != self._rank:
+                self._send(arr, r, call)
+
     def _gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``t``, in rank order (this rank's is ``t`` itself)."""
         call = next(self._calls)
         arr = self._tiles(t)
-        for r in range(self._size):
-            if r != self._rank:
-                self._send(arr, r, call)
+        self._send_others(arr, call)
         return [t.detach() if r == self._rank else self._recv(arr, r, call) for r in range(self._size)]
 
     # -- collectives ----------------------------------------------------------------------
@@ -102,9 +105,7 @@ class ProcessGroupNntile(dist.ProcessGroup):
                 call = next(self._calls)
                 arr = self._tiles(t)
                 if self._rank == root:
-                    for r in range(self._size):
-                        if r != root:
-                            self._send(arr, r, call)
+                    self._send_others(arr, call)
                 else:
                     t.copy_(self._recv(arr, root, call))
         return _done(tensors)

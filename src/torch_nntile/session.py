@@ -8,6 +8,7 @@ work still in flight is dropped: nothing can read it any more.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import itertools
 import os
@@ -242,11 +243,9 @@ class Session:
             if self.progress is not None:
                 self.wait()  # run(progress=...) reports through the wait of its value
             rt = self.runtime()
-            if rt.distributed and not rt.agree_read(f"a value of shape {list(node.shape)} and dtype {node.dtype}",
-                                                    node.value.handles):
-                with rt.alone():  # the other ranks do not read it: they sent its tiles (runtime/agree.py)
-                    cpu = readout(rt, node)
-            else:
+            alone = rt.distributed and not rt.agree_read(f"a value of shape {list(node.shape)} and dtype {node.dtype}",
+                                                         node.value.handles)
+            with rt.alone() if alone else contextlib.nullcontext():  # alone: the others sent its tiles (runtime/agree.py)
                 cpu = readout(rt, node)
             if self.tracer is not None:
                 self.tracer.read(node.value, cpu)
