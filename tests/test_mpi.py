@@ -412,6 +412,29 @@ def test_torch_distributed_and_ddp_on_nntile(tmp_path, n):
         torch.testing.assert_close(torch.tensor(w), p.detach(), rtol=1e-5, atol=1e-6)
 
 
+EDGES = textwrap.dedent("""
+    import json, sys, torch, torch_nntile
+    torch_nntile.init_context(ncpu=1)
+    z = torch.empty(0, 4).to("nntile")
+    torch_nntile.set_axis_group_name(z, {1: "cols"})
+    torch_nntile.set_axis_group_tiling("cols", 2)  # a zero-size value in two tiles: nothing is ever written
+    got = {"zero": list((z * 2 + 1).cpu().shape), "sum": z.sum(0).cpu().tolist(),
+           "scalar": (torch.tensor(3.0).to("nntile") * 2).cpu().item()}
+    with open(f"{sys.argv[1]}/edges_{torch_nntile.rank()}.json", "w") as f:
+        json.dump(got, f)
+""")
+
+
+def test_zero_size_and_0_dim_values_over_two_ranks(tmp_path):
+    """Over two ranks a zero-size value (tiled: tiles no task writes) and a 0-dim one read
+    back as on CPU on every rank."""
+    out = _launch(tmp_path, 2, EDGES)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for r in (0, 1):
+        assert json.loads((tmp_path / f"edges_{r}.json").read_text()) == {"zero": [0, 4], "sum": [0.0] * 4,
+                                                                          "scalar": 6.0}
+
+
 def test_a_failing_rank_fails_the_launch(tmp_path):
     out = _launch(tmp_path, 2, "import sys, torch_nntile\ntorch_nntile.init_context(ncpu=1)\n"
                                "sys.exit(3 if torch_nntile.rank() == 1 else 0)\n")
