@@ -9,7 +9,7 @@ export STARPU_SILENT ?= 1
 export STARPU_PREFIX ?= $(CURDIR)/.cache/starpu
 export PKG_CONFIG_PATH := $(STARPU_PREFIX)/lib/pkgconfig$(if $(PKG_CONFIG_PATH),:$(PKG_CONFIG_PATH))
 
-.PHONY: setup starpu starpu-cuda demo test test-all test-check test-stress test-wheel wheel bench bench-pages soak lint docs clean
+.PHONY: setup starpu starpu-cuda demo test test-all test-check test-stress test-wheel test-wheel-cuda wheel wheel-cuda bench bench-pages soak lint docs clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py scripts/build_starpu.sh src/torch_nntile/runtime/_build_shim.py \
 		$(wildcard src/torch_nntile/runtime/csrc/*) $(wildcard src/torch_nntile/backend/csrc/*) \
@@ -56,13 +56,24 @@ test-stress: setup
 	$(VPY) scripts/stress.py --rounds 10
 
 # A manylinux wheel that carries its own libstarpu, in dist/ (scripts/build_wheel.sh:
-# sdist, wheel from it, auditwheel repair). Rebuilt each time: it takes seconds.
+# sdist, wheel from it, auditwheel repair by scripts/repair_wheel.sh). cp311-abi3: one
+# wheel for every CPython from 3.11 on. Rebuilt each time: it takes seconds.
 wheel: starpu
 	PY=$(PY) bash scripts/build_wheel.sh
 
+# The CUDA variant (torch_nntile-<version>+cu130), against the StarPU of `make starpu-cuda`:
+# CUDA itself comes from NVIDIA's wheels, its dependencies. Beside the CPU wheel in dist/.
+wheel-cuda: starpu-cuda
+	PY=$(PY) TORCH_NNTILE_CUDA=1 PKG_CONFIG_PATH=$(CURDIR)/.cache/starpu-cuda/lib/pkgconfig bash scripts/build_wheel.sh
+
 # That wheel installed into a fresh venv with torch 2.13.0 and checked there (slow).
 test-wheel: setup wheel
-	TORCH_NNTILE_WHEEL="$$(ls dist/torch_nntile-*.whl)" $(VPY) -m pytest -q -m slow tests/test_wheel.py
+	TORCH_NNTILE_WHEEL="$$(ls dist/torch_nntile-*.whl | grep -v +)" $(VPY) -m pytest -q -m slow tests/test_wheel.py
+
+# The CUDA wheel, likewise, with NVIDIA's wheels from the registry (no GPU needed: no
+# CUDA worker starts), and its import error once cuBLAS is uninstalled (slow).
+test-wheel-cuda: setup wheel-cuda
+	TORCH_NNTILE_CUDA_WHEEL="$$(ls dist/torch_nntile-*+cu*.whl)" $(VPY) -m pytest -q -m slow tests/test_cuda_build.py
 
 bench: setup
 	$(VPY) benchmarks/mlp_step.py

@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from torch_nntile.runtime.cuda_libs import import_shim
+
 
 @functools.cache  # once a process: the initialisation it forces is the process's
 def _warm_vector_math() -> None:
@@ -60,8 +62,7 @@ def host_copy(cpu: torch.Tensor) -> torch.Tensor:
     import ctypes
     import weakref
 
-    from torch_nntile.runtime import _shim
-
+    _shim = import_shim()
     cpu = cpu.detach()
     if cpu.layout != torch.strided:
         return cpu.clone(memory_format=torch.contiguous_format)

@@ -6,7 +6,8 @@
    (pruning dead ops, fusion, the values' last uses), about 600 outputs a small GPT-2
    step. Python's sys.getrefcount counts its own loop's references too, against a
    measured baseline; here every reference taken is to the tuple, not to its items, so
-   an output held by its op alone has a count of exactly 1. */
+   an output held by its op alone has a count of exactly 1. Python's limited API only
+   (setup.py defines Py_LIMITED_API): one wheel serves every CPython from 3.11 on. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -17,7 +18,7 @@ static PyObject *outputs_of(PyObject *op)
 {
     PyObject *outs = PyObject_GetAttr(op, s_outputs);
     if (outs != NULL && !PyTuple_Check(outs)) {
-        PyErr_Format(PyExc_TypeError, "op outputs must be a tuple, not %.100s", Py_TYPE(outs)->tp_name);
+        PyErr_Format(PyExc_TypeError, "op outputs must be a tuple, not %R", (PyObject *)Py_TYPE(outs));
         Py_CLEAR(outs);
     }
     return outs;
@@ -29,14 +30,14 @@ static PyObject *outside_refs(PyObject *self, PyObject *op)
     PyObject *outs = outputs_of(op);
     if (outs == NULL)
         return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(outs);
+    Py_ssize_t n = PyTuple_Size(outs);
     PyObject *res = PyList_New(n);
     for (Py_ssize_t i = 0; res != NULL && i < n; i++) {
-        PyObject *v = PyLong_FromSsize_t(Py_REFCNT(PyTuple_GET_ITEM(outs, i)) - 1);
+        PyObject *v = PyLong_FromSsize_t(Py_REFCNT(PyTuple_GetItem(outs, i)) - 1);
         if (v == NULL)
             Py_CLEAR(res);
         else
-            PyList_SET_ITEM(res, i, v);
+            PyList_SetItem(res, i, v);
     }
     Py_DECREF(outs);
     return res;
@@ -53,16 +54,16 @@ static PyObject *prune_dead(PyObject *self, PyObject *ops)
     }
     PyObject *kept = PyList_New(0);
     Py_ssize_t pruned = 0;
-    for (Py_ssize_t i = PyList_GET_SIZE(ops) - 1; kept != NULL && i >= 0; i--) {
-        PyObject *op = PyList_GET_ITEM(ops, i);
+    for (Py_ssize_t i = PyList_Size(ops) - 1; kept != NULL && i >= 0; i--) {
+        PyObject *op = PyList_GetItem(ops, i);
         Py_INCREF(op);
         PyObject *outs = outputs_of(op);
         int ok = outs != NULL, dead = ok;
-        for (Py_ssize_t j = 0; dead && j < PyTuple_GET_SIZE(outs); j++)
-            dead = Py_REFCNT(PyTuple_GET_ITEM(outs, j)) <= 1;
+        for (Py_ssize_t j = 0; dead && j < PyTuple_Size(outs); j++)
+            dead = Py_REFCNT(PyTuple_GetItem(outs, j)) <= 1;
         if (dead) {
-            for (Py_ssize_t j = 0; ok && j < PyTuple_GET_SIZE(outs); j++)
-                ok = PyObject_SetAttr(PyTuple_GET_ITEM(outs, j), s_op, Py_None) == 0;  /* no node <-> op cycle */
+            for (Py_ssize_t j = 0; ok && j < PyTuple_Size(outs); j++)
+                ok = PyObject_SetAttr(PyTuple_GetItem(outs, j), s_op, Py_None) == 0;  /* no node <-> op cycle */
             ok = ok && PyObject_SetAttr(op, s_inputs, empty) == 0 && PyObject_SetAttr(op, s_outputs, empty) == 0;
             pruned++;
         } else if (ok) {

@@ -9,7 +9,10 @@
    axis group not planned yet) is called back.
 
    Values are numbered by address in a table of our own, not in a dict: a dict would
-   hold references to the values, and the key reads their reference counts. */
+   hold references to the values, and the key reads their reference counts.
+
+   Python's limited API only (setup.py defines Py_LIMITED_API): the wheel is then one
+   for every CPython from 3.11 on. Its checked item calls cost nothing measurable here. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -107,12 +110,12 @@ static PyObject *s_inputs, *s_outputs, *s_opdef, *s_attrs, *s_shape, *s_dtype, *
    is not planned yet (plan_tiling in Python then works it out), NULL with one on error. */
 static PyObject *known_tiling(PyObject *axes, PyObject *known)
 {
-    Py_ssize_t nd = PyTuple_GET_SIZE(axes);
+    Py_ssize_t nd = PyTuple_Size(axes);
     PyObject *out = PyTuple_New(nd);
     if (out == NULL)
         return NULL;
     for (Py_ssize_t d = 0; d < nd; d++) {
-        PyObject *g = PyTuple_GET_ITEM(axes, d);
+        PyObject *g = PyTuple_GetItem(axes, d);
         Py_INCREF(g);
         for (;;) {  /* the root of the union-find (AxisGroup.root, without its path halving) */
             PyObject *parent = PyObject_GetAttr(g, s_parent);
@@ -135,7 +138,7 @@ static PyObject *known_tiling(PyObject *axes, PyObject *known)
             return NULL;
         }
         Py_INCREF(t);
-        PyTuple_SET_ITEM(out, d, t);
+        PyTuple_SetItem(out, d, t);
     }
     return out;
 }
@@ -151,11 +154,11 @@ static PyObject *attr_key(PyObject *x, PyObject *slow)
     if (PyBool_Check(x))
         return PyTuple_Pack(2, (PyObject *)&PyBool_Type, x);
     if (!PyTuple_CheckExact(x))
-        return PyObject_CallOneArg(slow, x);
-    Py_ssize_t n = PyTuple_GET_SIZE(x);
+        return PyObject_CallFunctionObjArgs(slow, x, NULL);
+    Py_ssize_t n = PyTuple_Size(x);
     PyObject *out = NULL;  /* made at the first item whose key is not the item itself */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *y = PyTuple_GET_ITEM(x, i);
+        PyObject *y = PyTuple_GetItem(x, i);
         PyObject *k = attr_key(y, slow);
         if (k == NULL) {
             Py_XDECREF(out);
@@ -167,13 +170,13 @@ static PyObject *attr_key(PyObject *x, PyObject *slow)
                 return NULL;
             }
             for (Py_ssize_t j = 0; j < i; j++) {
-                PyObject *same = PyTuple_GET_ITEM(x, j);
+                PyObject *same = PyTuple_GetItem(x, j);
                 Py_INCREF(same);
-                PyTuple_SET_ITEM(out, j, same);
+                PyTuple_SetItem(out, j, same);
             }
         }
         if (out != NULL)
-            PyTuple_SET_ITEM(out, i, k);
+            PyTuple_SetItem(out, i, k);
         else
             Py_DECREF(k);
     }
@@ -198,11 +201,11 @@ static PyObject *op_attrs(PyObject *op, PyObject *opdef, PyObject *slow_op, PyOb
         int kernel = PyObject_IsTrue(bk), data = PyObject_IsTrue(bd);
         if (kernel < 0 || data < 0)
             out = NULL;
-        else if (kernel && PyTuple_CheckExact(attrs) && PyTuple_GET_SIZE(attrs) == 2) {
-            out = PyTuple_GET_ITEM(attrs, 1);  /* (kernel, name): the name */
+        else if (kernel && PyTuple_CheckExact(attrs) && PyTuple_Size(attrs) == 2) {
+            out = PyTuple_GetItem(attrs, 1);  /* (kernel, name): the name */
             Py_INCREF(out);
         } else if (kernel || data)
-            out = PyObject_CallOneArg(slow_op, op);
+            out = PyObject_CallFunctionObjArgs(slow_op, op, NULL);
         else
             out = attr_key(attrs, slow);
     }
@@ -217,7 +220,7 @@ static PyObject *tiling_of(PyObject *node, PyObject *axes, PyObject *known, PyOb
 {
     PyObject *t = PyTuple_Check(axes) ? known_tiling(axes, known) : NULL;
     if (t == NULL && !PyErr_Occurred())
-        t = PyObject_CallOneArg(plan_fn, node);
+        t = PyObject_CallFunctionObjArgs(plan_fn, node, NULL);
     return t;
 }
 
@@ -257,16 +260,17 @@ static int number_outside(PyObject *n, PyObject *tiling, PyObject *nodes, PyObje
     seq = handles ? PySequence_Fast(handles, "structure: handles is not a sequence") : NULL;
     if (seq == NULL)
         goto out;
-    Py_ssize_t nh = PySequence_Fast_GET_SIZE(seq);
+    int is_list = PyList_Check(seq); /* PySequence_Fast gives a list or a tuple */
+    Py_ssize_t nh = is_list ? PyList_Size(seq) : PyTuple_Size(seq);
     if ((tiles = PyTuple_New(nh)) == NULL)
         goto out;
     for (Py_ssize_t k = 0; k < nh; k++) {
-        PyObject *h = PySequence_Fast_GET_ITEM(seq, k);
+        PyObject *h = is_list ? PyList_GetItem(seq, k) : PyTuple_GetItem(seq, k);
         PyObject *slot = PyDict_GetItemWithError(slot_of, h);  /* borrowed */
         if (slot == NULL) {
             if (PyErr_Occurred())
                 goto out;
-            PyObject *fresh = PyLong_FromSsize_t(PyDict_GET_SIZE(slot_of));
+            PyObject *fresh = PyLong_FromSsize_t(PyDict_Size(slot_of));
             if (fresh == NULL || PyDict_SetItem(slot_of, h, fresh) < 0) {
                 Py_XDECREF(fresh);
                 goto out;
@@ -275,7 +279,7 @@ static int number_outside(PyObject *n, PyObject *tiling, PyObject *nodes, PyObje
             slot = fresh;  /* the dict holds it */
         }
         Py_INCREF(slot);
-        PyTuple_SET_ITEM(tiles, k, slot);
+        PyTuple_SetItem(tiles, k, slot);
     }
     shape = PyObject_GetAttr(n, s_shape);
     dtype = shape ? PyObject_GetAttr(n, s_dtype) : NULL;
@@ -283,7 +287,7 @@ static int number_outside(PyObject *n, PyObject *tiling, PyObject *nodes, PyObje
     part = arr_tiling ? PyTuple_Pack(5, shape, dtype, tiling, arr_tiling, tiles) : NULL;
     if (part == NULL || PyList_Append(parts, part) < 0)
         goto out;
-    *number = -PyList_GET_SIZE(values);
+    *number = -PyList_Size(values);
     rc = 0;
 out:
     Py_DECREF(arr);
@@ -312,7 +316,7 @@ static PyObject *parts(PyObject *self, PyObject *args)
                           &key_fn, &plan_fn, &PyDict_Type, &known, &PyList_Type, &nodes, &PyList_Type, &values,
                           &PyDict_Type, &slot_of, &unlowered))
         return NULL;
-    Py_ssize_t nops = PyList_GET_SIZE(ops);
+    Py_ssize_t nops = PyList_Size(ops);
     table readers, number, tilings;
     int ok_r = table_init(&readers, (size_t)nops * 2) == 0;
     int ok_n = ok_r && table_init(&number, (size_t)nops * 2) == 0;
@@ -323,11 +327,11 @@ static PyObject *parts(PyObject *self, PyObject *args)
         goto done;
     /* readers: how many inputs of this compile's ops each value is */
     for (Py_ssize_t i = 0; i < nops; i++) {
-        PyObject *ins = tuple_attr(PyList_GET_ITEM(ops, i), s_inputs);
+        PyObject *ins = tuple_attr(PyList_GetItem(ops, i), s_inputs);
         if (ins == NULL)
             goto done;
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(ins); j++) {
-            const void *n = PyTuple_GET_ITEM(ins, j);
+        for (Py_ssize_t j = 0; j < PyTuple_Size(ins); j++) {
+            const void *n = PyTuple_GetItem(ins, j);
             if (table_set(&readers, n, table_get(&readers, n, 0) + 1) < 0) {
                 Py_DECREF(ins);
                 goto done;
@@ -337,20 +341,20 @@ static PyObject *parts(PyObject *self, PyObject *args)
     }
     Py_ssize_t count = 0; /* values numbered so far (outputs and values from before) */
     for (Py_ssize_t i = 0; i < nops; i++) {
-        PyObject *op = PyList_GET_ITEM(ops, i);
+        PyObject *op = PyList_GetItem(ops, i);
         PyObject *ins = NULL, *outs = NULL, *in_nums = NULL, *out_parts_t = NULL, *opdef = NULL, *akey = NULL;
         int fail = 1;
         ins = tuple_attr(op, s_inputs);
         outs = ins ? tuple_attr(op, s_outputs) : NULL;
         if (outs == NULL)
             goto op_done;
-        Py_ssize_t nin = PyTuple_GET_SIZE(ins), nout = PyTuple_GET_SIZE(outs);
+        Py_ssize_t nin = PyTuple_Size(ins), nout = PyTuple_Size(outs);
         in_nums = PyTuple_New(nin);
         out_parts_t = PyTuple_New(nout);
         if (in_nums == NULL || out_parts_t == NULL)
             goto op_done;
         for (Py_ssize_t j = 0; j < nin; j++) {
-            PyObject *n = PyTuple_GET_ITEM(ins, j);
+            PyObject *n = PyTuple_GetItem(ins, j);
             Py_ssize_t r = table_get(&number, n, PY_SSIZE_T_MIN);
             if (r == PY_SSIZE_T_MIN) {
                 PyObject *axes = PyObject_GetAttr(n, s_axes);
@@ -368,19 +372,19 @@ static PyObject *parts(PyObject *self, PyObject *args)
             PyObject *num = PyLong_FromSsize_t(r);
             if (num == NULL)
                 goto op_done;
-            PyTuple_SET_ITEM(in_nums, j, num);
+            PyTuple_SetItem(in_nums, j, num);
         }
         /* reference counts first (the calls below make temporaries): beyond the one of
            the op's outputs tuple, the holders outside the op */
         for (Py_ssize_t j = 0; j < nout; j++) {
-            PyObject *out = PyTuple_GET_ITEM(outs, j);
+            PyObject *out = PyTuple_GetItem(outs, j);
             Py_ssize_t held = Py_REFCNT(out) - 1;
             PyObject *flag = held == table_get(&readers, out, 0) ? Py_True : Py_False;
             Py_INCREF(flag);
-            PyTuple_SET_ITEM(out_parts_t, j, flag); /* replaced by the output's part below */
+            PyTuple_SetItem(out_parts_t, j, flag); /* replaced by the output's part below */
         }
         for (Py_ssize_t j = 0; j < nout; j++) {
-            PyObject *out = PyTuple_GET_ITEM(outs, j);
+            PyObject *out = PyTuple_GetItem(outs, j);
             if (table_set(&number, out, count++) < 0)
                 goto op_done;
             PyObject *shape = PyObject_GetAttr(out, s_shape);
@@ -390,15 +394,15 @@ static PyObject *parts(PyObject *self, PyObject *args)
             if (axes != NULL) {
                 Py_ssize_t k = table_get(&tilings, axes, -1);
                 if (k >= 0) {
-                    tiling = PyList_GET_ITEM(plans, k);
+                    tiling = PyList_GetItem(plans, k);
                     Py_INCREF(tiling);
                 } else if ((tiling = tiling_of(out, axes, known, plan_fn)) != NULL
                            && (PyList_Append(plans, tiling) < 0
-                               || table_set(&tilings, axes, PyList_GET_SIZE(plans) - 1) < 0)) {
+                               || table_set(&tilings, axes, PyList_Size(plans) - 1) < 0)) {
                     Py_CLEAR(tiling);
                 }
             }
-            PyObject *flag = PyTuple_GET_ITEM(out_parts_t, j);
+            PyObject *flag = PyTuple_GetItem(out_parts_t, j);
             PyObject *part = tiling ? PyTuple_Pack(4, shape, dtype, tiling, flag) : NULL;
             Py_XDECREF(shape);
             Py_XDECREF(dtype);
@@ -406,8 +410,7 @@ static PyObject *parts(PyObject *self, PyObject *args)
             Py_XDECREF(tiling);
             if (part == NULL)
                 goto op_done;
-            PyTuple_SET_ITEM(out_parts_t, j, part);
-            Py_DECREF(flag);
+            PyTuple_SetItem(out_parts_t, j, part); /* drops the flag */
         }
         opdef = PyObject_GetAttr(op, s_opdef);
         akey = opdef ? op_attrs(op, opdef, attrs_fn, key_fn) : NULL;
