@@ -18,9 +18,15 @@ import torch_nntile  # noqa: E402
 from torch_nntile.graph import axes  # noqa: E402
 from torch_nntile.session import SESSION_STATE  # noqa: E402
 
-torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=False)
+# TORCH_NNTILE_NCUDA=N (a CUDA build on a GPU machine: scripts/gpu_check.sh) runs the
+# tests with N CUDA workers, each test's tasks restricted to them; float tolerances are
+# then TOL_SCALE times the CPU ones (cuBLAS and torch's CUDA kernels sum in other orders).
+NCUDA = int(os.environ.get("TORCH_NNTILE_NCUDA", "0") or 0)
+TOL_SCALE = 10.0 if NCUDA else 1.0
 
-RTOL = 1e-5  # relative error allowed against CPU PyTorch in fp32
+torch_nntile.init_context(ncpu=2, cpu_fallback=False)
+
+RTOL = 1e-5 * TOL_SCALE  # relative error allowed against CPU PyTorch in fp32
 
 
 @pytest.fixture
@@ -41,11 +47,14 @@ def python_tasks(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _clean_tilings():
-    """Each test starts with no tilings and without the CPU fallback."""
+    """Each test starts with no tilings and without the CPU fallback (with CUDA workers:
+    on them alone)."""
     axes._TILINGS.clear()
+    if NCUDA:
+        torch_nntile.restrict_cuda()
     yield
     axes._TILINGS.clear()
-    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=False)
+    torch_nntile.init_context(ncpu=2, cpu_fallback=False)
     torch_nntile.execute()  # a test that left work pending must not leak it into the next
     torch_nntile.wait()
 

@@ -138,13 +138,6 @@ def test_kernel_error_raised_from_wait_naming_op():
     assert_close((ok + 1).cpu(), ok.cpu() + 1)  # the runtime is still usable
 
 
-def test_no_cuda_workers():
-    with pytest.raises(ValueError, match="ncuda=1"):
-        torch_nntile.init_context(ncpu=2, ncuda=1)
-    with pytest.raises(RuntimeError, match="no CUDA workers"):
-        torch_nntile.restrict_cuda()
-
-
 def test_use_after_shutdown_raises():
     code = (
         "import torch, torch_nntile\n"

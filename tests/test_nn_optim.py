@@ -351,7 +351,7 @@ def test_operands_nntile_lacks_run_on_the_fallback():
     args = (None, 0.1, 0.0, 0.0, 0.0, False, False, False)
     with pytest.raises(NotImplementedError, match=r"torch_nntile::sgd_step is not supported .*dtype torch.float32"):
         torch.ops.torch_nntile.sgd_step(p.to("nntile"), g.to("nntile"), *args)
-    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=True)
+    torch_nntile.init_context(ncpu=2, cpu_fallback=True)
     torch_nntile.reset_info()
     pn = p.to("nntile")
     torch.ops.torch_nntile.sgd_step(pn, g.to("nntile"), *args)

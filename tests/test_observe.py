@@ -25,7 +25,7 @@ PHASES = {"record", "ingress", "fallback", "compile", "compile.reuse", "compile.
 INFO_KEYS = {"phases", "tasks_submitted", "tasks_skipped", "ops_pruned", "compiles_reused", "compiles_lowered",
              "compiles_checked", "tiles_live", "tiles_peak", "tiles_registered", "tiles_spare", "tile_bytes", "bytes_in",
              "bytes_out", "out_of_core", "bytes_evicted", "bytes_loaded", "data_wait_s", "hint_evictions",
-             "hint_evictions_declined", "dry_run", "mpi"}
+             "hint_evictions_declined", "dry_run", "mpi", "cuda"}
 
 _groups = itertools.count()
 
@@ -273,7 +273,7 @@ def test_kernel_tasks_match_tasks_submitted():
 
 def test_cpu_fallback_counted_with_first_source(monkeypatch):
     monkeypatch.delenv("TORCH_NNTILE_DEBUG", raising=False)
-    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=True)
+    torch_nntile.init_context(ncpu=2, cpu_fallback=True)
     torch_nntile.reset_info()
     x = torch.rand(6) + 0.5
     xn = x.to("nntile")
@@ -303,7 +303,7 @@ def test_cpu_fallback_counted_with_first_source(monkeypatch):
 def test_untiled_ops_listed_with_first_source_and_bytes():
     """An op with no tiled kernel but a Meta kernel runs as an untiled task, listed
     with its calls, the bytes it read whole and its first call's line."""
-    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=False)
+    torch_nntile.init_context(ncpu=2, cpu_fallback=False)
     torch_nntile.reset_info()
     x = torch.randn(6, 5)
     xn = x.to("nntile")
@@ -325,7 +325,7 @@ def test_untiled_ops_listed_with_first_source_and_bytes():
 def test_debug_env_warns_once_per_op(monkeypatch):
     monkeypatch.setenv("TORCH_NNTILE_DEBUG", "1")
     monkeypatch.setattr(_fallback_mod, "_WARNED", set())
-    torch_nntile.init_context(ncpu=2, ncuda=0, cpu_fallback=True)
+    torch_nntile.init_context(ncpu=2, cpu_fallback=True)
     torch_nntile.reset_info()
     x = torch.randn(5)
     xn = x.to("nntile")

@@ -294,12 +294,12 @@ def test_foreach_element_declined_runs_on_fallback(monkeypatch):
                                                                                     "aten::mul.Scalar": 1}
     ops = torch_nntile.metrics()["ops"]
     assert ops["aten::mul_.Scalar"] == 3 and ops["aten::mul.Scalar"] == 3  # 2 native + 1 untiled each
-    torch_nntile.init_context(ncpu=2, ncuda=0, tiled_only=True)
+    torch_nntile.init_context(ncpu=2, tiled_only=True)
     try:
         with pytest.raises(NotImplementedError, match=r"aten::mul_.Scalar has no tiled kernel .*1-D operand \(test\)"):
             torch._foreach_mul_(ns, 3.0)
     finally:
-        torch_nntile.init_context(ncpu=2, ncuda=0)
+        torch_nntile.init_context(ncpu=2)
 
 
 def test_adamw_foreach_mixed_params_match_cpu():

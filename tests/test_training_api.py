@@ -94,8 +94,11 @@ def test_train_full_batch_step_with_mse_and_names_on_cpu_rejected():
 
 
 def test_version_and_build():
-    assert torch_nntile.__version__ == "0.1.0"
-    assert torch_nntile.built_with_cuda() is False
+    """A CUDA wheel's version carries its CUDA (``0.1.0+cu130``), as torch's does."""
+    version, _, local = torch_nntile.__version__.partition("+")
+    assert version == "0.1.0"
+    assert torch_nntile.built_with_cuda() in (True, False)
+    assert not local.startswith("cu") or torch_nntile.built_with_cuda()
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])

@@ -46,11 +46,13 @@ from torch_nntile.report import (
     trace,
 )
 from torch_nntile.runtime.agree import ProgramsDivergedError
+from torch_nntile.runtime.context import built_with_cuda as _built_with_cuda
 from torch_nntile.runtime.context import export_launch_env as _export_launch_env
 from torch_nntile.runtime.context import launch_rank_size
+from torch_nntile.runtime.cuda_libs import import_shim as _import_shim
 from torch_nntile.runtime.failures import KernelError, TileMemoryError
 from torch_nntile.runtime.ooc import OutOfCore
-from torch_nntile.runtime.submission import WHERE_ANY, WHERE_CPU
+from torch_nntile.runtime.submission import WHERE_ANY, WHERE_CPU, WHERE_CUDA
 from torch_nntile.session import SESSION_STATE as _S
 from torch_nntile.session import Progress
 
@@ -60,8 +62,8 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "Captured", "CaptureError", "KernelError", "built_with_cuda", "built_with_mpi", "capture", "compile_graph", "dump_graph",
-    "empty_cache", "execute", "fallback_counts",
+    "Captured", "CaptureError", "KernelError", "built_with_cuda", "built_with_mpi", "capture", "compile_graph",
+    "cuda_worker_count", "dump_graph", "empty_cache", "execute", "fallback_counts",
     "format_axis_groups",
     "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
     "pending_op_names", "print_axis_groups", "print_info", "ProgramsDivergedError", "rank", "reset_info",
@@ -70,6 +72,7 @@ __all__ = [
     "start_trace", "stop_trace", "TileMemoryError", "trace", "wait", "world_size",
 ]
 
+_import_shim()  # the StarPU shim, and on the CUDA build NVIDIA's libraries: a clear error now, not at the first op
 _export_launch_env()  # torch.distributed's env:// rendezvous under mpirun
 if torch.distributed.is_available():  # a torch built without it has no process groups to join
     from torch_nntile import distributed as _distributed
@@ -80,12 +83,20 @@ if torch.distributed.is_available():  # a torch built without it has no process 
 torch.__future__.set_swap_module_params_on_conversion(True)
 
 
-def init_context(ncpu: int | None = None, ncuda: int = 0, cpu_fallback: bool = False, scheduler: str | None = None,
+def init_context(ncpu: int | None = None, ncuda: int | None = None, cpu_fallback: bool = False, scheduler: str | None = None,
                  memory_limit: int | None = None, swap_dir: str | os.PathLike | None = None,
                  swap_size: int | None = None, tiled_only: bool = False) -> None:
     """Start StarPU with ``ncpu`` CPU workers: by default one per core this process may
     run on (the first op starts a context with the defaults by itself). More workers
-    than cores is allowed. ``scheduler`` names a StarPU scheduler (default ``lws``).
+    than cores is allowed. ``scheduler`` names a StarPU scheduler (default ``lws``;
+    ``dmdas`` with CUDA workers).
+
+    ``ncuda`` CUDA workers (one per GPU; -1: every visible GPU; default: the
+    ``TORCH_NNTILE_NCUDA`` environment variable, else 0) run tile tasks beside
+    the CPU workers on a CUDA build (``built_with_cuda()``): products with cuBLAS, the
+    rest with torch's CUDA kernels on the tiles' device copies; StarPU moves tiles
+    between host and GPU memory (``STARPU_LIMIT_CUDA_MEM``, in MiB, bounds what it
+    keeps on each GPU). Values read back and autograd stay on the host.
 
     An ATen op with no tiled kernel runs in the graph as one untiled task where PyTorch
     has a Meta kernel for it (listed by ``metrics_report()``). ``cpu_fallback`` runs
@@ -198,23 +209,32 @@ def world_size() -> int:
 
 def built_with_mpi() -> bool:
     """Whether this build's StarPU has StarPU-MPI (the project's own build does)."""
-    from torch_nntile.runtime import _shim
-
-    return bool(_shim.lib.tnt_built_with_mpi())
+    return bool(_import_shim().lib.tnt_built_with_mpi())
 
 
 def built_with_cuda() -> bool:
-    """Whether this build can run tasks on CUDA workers (Debian's StarPU has none)."""
-    return False
+    """Whether this build's StarPU has CUDA workers (the CUDA wheel, or StarPU built with
+    ``STARPU_CUDA=1``); whether a GPU is there too is ``torch_nntile.cuda_worker_count()``."""
+    return _built_with_cuda()
+
+
+def cuda_worker_count() -> int:
+    """How many CUDA workers the running context has (0 on a CPU build or without a GPU)."""
+    return _S.runtime().ncuda
 
 
 def restrict_cuda() -> None:
-    """Would run the next submitted tasks on CUDA workers only (the counterpart of ``restrict_cpu``).
+    """Run the next submitted tasks on CUDA workers only (the counterpart of ``restrict_cpu``).
 
     Raises:
-        RuntimeError: always: this StarPU build has no CUDA workers (see ``built_with_cuda``).
+        RuntimeError: the context has no CUDA worker (a CPU build, no GPU, or ``ncuda=0``).
     """
-    raise RuntimeError("torch_nntile: no CUDA workers in this StarPU build; restrict_cuda() is unavailable")
+    rt = _S.runtime()
+    if not rt.ncuda:
+        why = "this StarPU build has none (see built_with_cuda())" if not built_with_cuda() else \
+            "the context was started without any (init_context(ncuda=...), and a visible GPU)"
+        raise RuntimeError(f"torch_nntile: no CUDA workers: {why}; restrict_cuda() is unavailable")
+    rt.where = WHERE_CUDA
 
 
 def restore_where() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from torch_nntile import stats
 from torch_nntile.graph.dot import tensor_dot, tile_dot
 from torch_nntile.graph.nodes import SESSION
+from torch_nntile.runtime.submission import worker_label
 from torch_nntile.session import SESSION_STATE
 from torch_nntile.tiling.tiles import Lowering, PlanHandles, TileArray
 
@@ -70,7 +71,8 @@ def info() -> dict[str, Any]:
     and read back, ``data_wait_s`` the seconds workers waited for tiles to arrive, and
     ``hint_evictions`` the tiles evicted right after a use because the graph showed
     their next read too far off to keep them (``hint_evictions_declined``: such
-    evictions StarPU refused, the tile being in use then; runtime/hints.py).
+    evictions StarPU refused, the tile being in use then; runtime/hints.py). With CUDA
+    workers, ``cuda`` gives their count, their GPUs and the tasks they ran.
     """
     stats.collect()
     phases = {p: {"calls": stats.PHASE_CALLS[p], "seconds": stats.PHASE_TIME[p]} for p in stats.PHASES}
@@ -100,6 +102,7 @@ def info() -> dict[str, Any]:
         "hint_evictions_declined": c["hint_evictions_declined"],
         "dry_run": _dry_run(),
         "mpi": rt.dist_info() if rt is not None else None,
+        "cuda": rt.cuda_info() if rt is not None else None,
     }
 
 
@@ -350,7 +353,7 @@ def stop_trace(path: str | os.PathLike[str]) -> int:
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "StarPU workers"}},
     ]
     for w in sorted({e[2] for e in events}):
-        out.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": w, "args": {"name": f"CPU worker {w}"}})
+        out.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": w, "args": {"name": worker_label(w)}})
     for key, name, worker, start, end in events:
         out.append({"name": name, "cat": "task", "ph": "X", "pid": 1, "tid": worker,
                     "ts": (start - t0) * 1e6, "dur": (end - start) * 1e6, "args": {"task": key}})

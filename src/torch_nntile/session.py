@@ -24,7 +24,7 @@ from torch_nntile.graph.dot import tensor_dot
 from torch_nntile.graph.nodes import SESSION, DataNode, lower_pending
 from torch_nntile.ops.data import readout
 from torch_nntile.ops.fusion import fuse_elementwise
-from torch_nntile.runtime.context import Runtime
+from torch_nntile.runtime.context import Runtime, built_with_cuda
 from torch_nntile.runtime.interrupts import SHIELD
 from torch_nntile.runtime.ooc import OutOfCore
 from torch_nntile.tiling.reuse import StepCache
@@ -71,7 +71,19 @@ def default_ncpu() -> int:
     """One CPU worker per core this process may run on. The workers run at a lower
     priority than the process (``TORCH_NNTILE_WORKER_NICE``), so the thread recording
     ops takes a core from them when it needs one instead of having one kept idle for it."""
-    return len(os.sched_getaffinity(0))
+    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_ncuda() -> int:
+    """``TORCH_NNTILE_NCUDA`` (a count of GPUs, -1 for all), else 0: CPU workers alone
+    unless asked for, so that a CUDA build behaves as the CPU one where nothing says so."""
+    text = os.environ.get("TORCH_NNTILE_NCUDA", "").strip()
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        raise ValueError(f"TORCH_NNTILE_NCUDA={text!r}: a count of GPUs, or -1 for every GPU") from None
 
 
 class Session:
@@ -92,23 +104,26 @@ class Session:
         self.thread = 0  # the thread that recorded the last op (see thread_switched)
         self.thread_flush_ops = THREAD_FLUSH_OPS
 
-    def init(self, ncpu: int | None, ncuda: int, cpu_fallback: bool, scheduler: str | None,
+    def init(self, ncpu: int | None, ncuda: int | None, cpu_fallback: bool, scheduler: str | None,
              ooc: OutOfCore | None = None, tiled_only: bool = False) -> None:
-        if ncuda:
-            raise ValueError(f"ncuda={ncuda}: this StarPU build has no CUDA workers; use ncuda=0")
+        if ncuda is None:
+            ncuda = default_ncuda()
+        if ncuda and not built_with_cuda():
+            raise ValueError(f"ncuda={ncuda}: this build's StarPU has no CUDA workers (see built_with_cuda()); "
+                             "use ncuda=0, or the CUDA build")
         if ncpu is None:
             ncpu = default_ncpu()
-        config = (ncpu, scheduler, ooc)
+        config = (ncpu, scheduler, ooc, ncuda)
         if self.rt is not None and self.rt.alive:
             if config != self.config:
                 raise RuntimeError(
-                    f"torch_nntile context already initialized with ncpu={self.config[0]}, "
+                    f"torch_nntile context already initialized with ncpu={self.config[0]}, ncuda={self.config[3]}, "
                     f"scheduler={self.config[1]!r}, out of core {self.config[2]}; call shutdown_context() first to "
-                    f"start one with ncpu={ncpu}, scheduler={scheduler!r}, out of core {ooc}"
+                    f"start one with ncpu={ncpu}, ncuda={ncuda}, scheduler={scheduler!r}, out of core {ooc}"
                 )
             self.cpu_fallback, self.tiled_only = cpu_fallback, tiled_only
             return
-        self.rt = Runtime(ncpu, scheduler, ooc)
+        self.rt = Runtime(ncpu, scheduler, ooc, ncuda)
         self.steps = StepCache()
         self.config = config
         self.cpu_fallback, self.tiled_only = cpu_fallback, tiled_only
@@ -119,7 +134,7 @@ class Session:
         if rt is None or not rt.alive:
             if self.shut_down:
                 raise RuntimeError("torch_nntile: the context has been shut down; nntile tensors can no longer be used")
-            self.init(None, 0, self.cpu_fallback, None, tiled_only=self.tiled_only)
+            self.init(None, None, self.cpu_fallback, None, tiled_only=self.tiled_only)
             rt = self.rt
         return rt  # type: ignore[return-value]
 

@@ -77,7 +77,7 @@ def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...],
                 written: tuple[int | torch.dtype | str, ...], *tiles: torch.Tensor) -> None:
     """The task: ``op`` on the input tiles. The result's leaves at positions ``fresh``
     (in ``tree_flatten`` order) are copied into the first output tiles. Each argument
-    the op writes, ``written[k]``, is given as a CPU tensor whose values end in output
+    the op writes, ``written[k]``, is given as a tensor (on the tiles' device) whose values end in output
     tile ``len(fresh) + k``: a copy of input tile ``written[k]`` (an in-place op reads
     it), or, for an ``out=`` argument nothing else reads, an empty tensor of that dtype
     (an ``out=`` kernel may resize it, or use it as scratch in another shape first,
@@ -91,7 +91,7 @@ def run_untiled(op: Any, args: tuple[Any, ...], kw: tuple[tuple[str, Any], ...],
         if type(w) is int:
             ins[w] = t = ins[w].clone()
         else:
-            t = outs[nfresh + k] if w is TILE_OUT else torch.empty(0, dtype=w)
+            t = outs[nfresh + k] if w is TILE_OUT else torch.empty(0, dtype=w, device=tiles[0].device)
             ins.append(t)
         scratch.append(t)
     got = tuple(ins)

@@ -477,7 +477,7 @@ def numel(shape: tuple[int, ...]) -> int:
  MAX_POOL2D_GRAD, BN_STATS, BN_SUMS, ATEN, BN_COMBINE, BN_GRAD_COMBINE) = range(1, 31)
 INDEX_DTYPES = (torch.int64, torch.int32)  # index tiles the C kernels read (1: int64, 0: int32)
 # what a C kernel finds wrong in its inputs (csrc/rows.h), raised as on CPU; ATEN_FAILED: an ATen op raised
-BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT, BAD_GATHER, ATEN_FAILED = 1, 2, 3, 4, 5
+BAD_INDEX, BAD_TARGET, BAD_SUBSCRIPT, BAD_GATHER, ATEN_FAILED, CUBLAS_FAILED = 1, 2, 3, 4, 5, 6
 ATEN_RUNNER = 0
 """The address of the function that runs ``ATEN`` records (backend/csrc/aten_calls.cpp),
 set by the backend where its C++ library is built; the runtime hands it to the shim."""
@@ -492,6 +492,8 @@ def input_error(code: int, value: int, dim: int = 0, size: int = 0) -> BaseExcep
         return ATEN_ERROR()
     if code == BAD_TARGET:
         return IndexError(f"Target {value} is out of bounds.")
+    if code == CUBLAS_FAILED:
+        return RuntimeError(f"CUDA error: a cuBLAS product on a CUDA worker failed with status {value}")
     if code == BAD_SUBSCRIPT:
         return IndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
     if code == BAD_GATHER:

@@ -103,7 +103,7 @@ def fill(shape: tuple[int, ...], dtype: torch.dtype, value: float | int | bool, 
 
 def arange_tile(start: float | int, step: float | int, lo: int, exact: bool, o: torch.Tensor) -> None:
     """Items ``lo`` on of ``start + i * step``; as on CPU, computed in double for floats."""
-    idx = torch.arange(lo, lo + o.shape[0], dtype=torch.int64 if exact else torch.float64)
+    idx = torch.arange(lo, lo + o.shape[0], dtype=torch.int64 if exact else torch.float64, device=o.device)
     o.copy_(idx * step + start)
 
 

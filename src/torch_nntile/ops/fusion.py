@@ -30,7 +30,7 @@ def fused_tile(program: tuple[Step, ...], stores: tuple[int, ...], o: torch.Tens
     for j, (kernel, refs, dtype) in enumerate(program):
         out = o if j == last else into.get(j)
         if out is None:
-            out = torch.empty(o.shape, dtype=dtype)
+            out = torch.empty(o.shape, dtype=dtype, device=o.device)
         kernel(out, *[ins[r] if r >= 0 else done[~r] for r in refs])
         done.append(out)
 

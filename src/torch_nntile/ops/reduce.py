@@ -474,7 +474,7 @@ def chan_combine(sizes: tuple[int, ...], means: torch.Tensor, m2s: torch.Tensor)
     """Mean and centred second moment of the union of parts (Chan et al.): the parts'
     counts ``sizes``, means and second moments stacked on dim 0."""
     n = sum(sizes)
-    cnt = torch.tensor(sizes, dtype=means.dtype).reshape((len(sizes),) + (1,) * (means.dim() - 1))
+    cnt = torch.tensor(sizes, dtype=means.dtype, device=means.device).reshape((len(sizes),) + (1,) * (means.dim() - 1))
     mean = (cnt * means).sum(0) / n
     m2 = m2s.sum(0) + (cnt * (means - mean) ** 2).sum(0)
     return mean, m2, n

@@ -1,7 +1,7 @@
 """cffi (API mode) build script for the StarPU shim.
 
 Every StarPU struct stays in C (``csrc/shim.c`` and the files beside it, with the tile kernels of ``ew.c``,
-``rows.c``, ``nn.c``, ``typed.c`` and ``gemm.c``); Python sees the plain functions
+``rows.c``, ``nn.c``, ``typed.c`` and ``gemm.c``, CUDA workers' in ``cuda.c``); Python sees the plain functions
 ``csrc/shim.h`` lists.
 Built at install time against whichever of ``starpu-1.4`` / ``starpu-1.3``
 pkg-config finds, with StarPU-MPI where ``starpumpi-1.4`` and OpenMPI's ``mpicc`` are
@@ -69,6 +69,12 @@ def _mpi_flags() -> tuple[list[str], list[str]]:
     return ["-DTNT_MPI", *shlex.split(mpi_c)], [*shlex.split(libs), *shlex.split(mpi_l)]
 
 
+def _quiet_cuda_headers(cflags: list[str]) -> list[str]:
+    """A StarPU with CUDA includes CUDA's headers (cuSPARSE's declare hundreds of
+    deprecated types): their deprecation warnings are not the shim's."""
+    return ["-Wno-deprecated-declarations"] if any("cuda" in f for f in cflags if f.startswith("-I")) else []
+
+
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef())
 _cflags, _libs = _pkg_flags()
@@ -79,11 +85,11 @@ ffibuilder.set_source(
     '#include "shim.h"\n',
     sources=[os.path.relpath(os.path.join(_CSRC, f))
              for f in ("shim.c", "memory.c", "disk.c", "failures.c", "submit.c", "products.c", "share.c", "dist.c",
-                       "ew.c", "rows.c", "nn.c", "typed.c", "gemm.c")],
+                       "ew.c", "rows.c", "nn.c", "typed.c", "gemm.c", "cuda.c")],
     include_dirs=[_CSRC],
-    extra_compile_args=_cflags + ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wextra",
-                                  "-Wno-unused-parameter"],
-    extra_link_args=_libs + ["-lm"],
+    extra_compile_args=_cflags + _quiet_cuda_headers(_cflags) + ["-O3", "-fno-math-errno", "-fno-trapping-math",
+                                                                 "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_link_args=_libs + ["-lm", "-ldl"],
 )
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ from torch_nntile import stats
 from torch_nntile.kernels import native
 from torch_nntile.runtime import submission
 from torch_nntile.runtime.agree import Agreement, timeout_s
+from torch_nntile.runtime.cuda_libs import import_shim
 from torch_nntile.runtime.failures import Failure, TileMemoryError
+from torch_nntile.runtime.hints import Hints, cuda_hints
 from torch_nntile.runtime.host import _find_blas, _warm_vector_math
 from torch_nntile.runtime.memory import TileMemory
 from torch_nntile.runtime.ooc import OutOfCore, Swap
@@ -63,14 +65,17 @@ def export_launch_env() -> None:
 class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
     """One StarPU session. Create through ``torch_nntile.init_context``."""
 
-    def __init__(self, ncpu: int, scheduler: str | None, ooc: OutOfCore | None = None) -> None:
+    def __init__(self, ncpu: int, scheduler: str | None, ooc: OutOfCore | None = None, ncuda: int = 0) -> None:
         if ncpu < 1:
             raise ValueError(f"ncpu must be at least 1, got {ncpu}")
+        if ncuda < -1:
+            raise ValueError(f"ncuda must be -1 (every GPU), 0 or a count of GPUs, got {ncuda}")
         os.environ.setdefault("STARPU_HOME", os.path.join(tempfile.gettempdir(), "torch_nntile_starpu"))
         os.environ.setdefault("STARPU_SILENT", "1")
-        from torch_nntile.runtime import _shim
-
+        _shim = import_shim()
         self.ffi, self.lib = _shim.ffi, _shim.lib
+        if ncuda and ooc is not None:
+            raise NotImplementedError("torch_nntile: CUDA workers with out-of-core host memory are not supported yet")
         _bind_callback(self.ffi)
         _warm_vector_math()
         nice = _worker_nice()
@@ -83,7 +88,10 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
             raise RuntimeError("torch_nntile: started by mpirun, but this build's StarPU has no StarPU-MPI "
                                "(build it with scripts/build_starpu.sh, which `make setup` runs)")
         try:
-            rc = self.lib.tnt_init(ncpu, (scheduler or "lws").encode(), nice, int(mpi))
+            # CUDA workers next to CPU ones: a scheduler that weighs where a task runs best
+            # and what its tiles' moves cost; CPU workers alone: locality work stealing.
+            default = "dmdas" if ncuda else "lws"
+            rc = self.lib.tnt_init(ncpu, ncuda, (scheduler or default).encode(), nice, int(mpi))
         finally:
             if ooc is not None:
                 if limit is None:
@@ -92,7 +100,14 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
                     os.environ["STARPU_LIMIT_CPU_MEM"] = limit
         if rc != 0:
             self.lib.tnt_set_managed(0)
-            raise RuntimeError(f"{'starpu_mpi_init_conf' if mpi else 'starpu_init'} failed with code {rc}")
+            raise RuntimeError(f"{'starpu_mpi_init_conf' if mpi else 'starpu_init'} failed with code {rc}"
+                               + (" (CUDA workers, but cuBLAS could not be found)" if ncuda and rc == -19 else ""))
+        self.ncuda = int(self.lib.tnt_ncuda())
+        try:
+            submission.start_cuda(self, ncuda)
+        except Exception:
+            self.lib.tnt_shutdown()
+            raise
         self.rank, self.world_size = int(self.lib.tnt_mpi_rank()), int(self.lib.tnt_mpi_size())
         # Over several ranks every tile has an owner and a tag (runtime/csrc/dist.c): each
         # handle holds one value for its whole life (no spares), so that the ranks, which
@@ -111,6 +126,7 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
             self.install_excepthook()
         self.ooc = ooc
         self._stuck: str | None = None  # out of core, why StarPU is stuck (Swap.check_stall)
+        self._hints: Hints | None = cuda_hints(self.ncuda)  # graph-aware evictions (runtime/hints.py)
         if ooc is not None:
             self._start_swap(ooc)
         self.ncpu = int(self.lib.tnt_ncpu())
@@ -138,7 +154,9 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
         # Over several ranks a packed B read by a product on another rank would be sent
         # there, and MKL's packed format does not survive the move either (SIGFPE in MKL).
         # TORCH_NNTILE_NO_PACK=1 packs nothing in one process too: the same bits as over several.
-        self.packs_b = ooc is None and not self.distributed and not stats.env_flag("TORCH_NNTILE_NO_PACK")
+        # With CUDA workers a product may run on a GPU: nothing is packed for the host's BLAS.
+        self.packs_b = (ooc is None and not self.distributed and not self.ncuda
+                        and not stats.env_flag("TORCH_NNTILE_NO_PACK"))
         self.lib.tnt_set_pack(*(blas[3:] if self.packs_b else (0, 0, 0)))
         # Float32 products on a B tile shared by several row tiles (packed once), and
         # large ones on a B read as stored, run the shim's own AVX-512 kernels on AMD
@@ -248,6 +266,12 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
         _TENSOR_CACHE.clear()
         _WORKERS_READY.clear()
         _CLOSURES.clear()
+        submission.stop_cuda()
+
+
+def built_with_cuda() -> bool:
+    """Whether the shim's StarPU has CUDA workers."""
+    return bool(import_shim().lib.tnt_built_with_cuda())
 
 
 def current() -> Runtime | None:

@@ -205,7 +205,7 @@ class TileMemory:
                         spares.setdefault(size[h], []).append(h)
                         if self.ooc is not None:  # not worth a disk write: see tnt_invalidate_submit
                             self.lib.tnt_invalidate_submit(h)
-                if self.ooc is not None and self._hints is not None:
+                if self._hints is not None:
                     self._hints.forget(handles)
 
     def empty_cache(self) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from torch_nntile import stats
 from torch_nntile.runtime.failures import TileMemoryError, _human
 from torch_nntile.runtime.hints import Hints
+from torch_nntile.runtime.hints import enabled as hints_enabled
 
 _MIB = 1 << 20
 STALL_S = 30.0  # out of core: no task began or ended for this long while tasks wait: StarPU is stuck
@@ -86,7 +87,7 @@ class Swap:
             raise OSError(f"torch_nntile: StarPU could not open a disk node of {ooc.swap_size} bytes in swap_dir "
                           f"{ooc.swap_dir!r} (error {node})")
         self._swap_out = self.ffi.new("double[8]")
-        self._hints = Hints(ooc.memory_limit) if os.environ.get("TORCH_NNTILE_OOC_HINTS", "1") != "0" else None
+        self._hints = Hints(ooc.memory_limit) if hints_enabled() else None
         self._swap_seen = (0.0,) * 5
         self._progress = (-1, -1, time.monotonic())
         self._stall_s = float(os.environ.get("TORCH_NNTILE_OOC_STALL_S", STALL_S))

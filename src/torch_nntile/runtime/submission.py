@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 R, W, RW = 1, 2, 3  # STARPU_R, STARPU_W, STARPU_RW
 WHERE_ANY = 0xFFFFFFFF  # task->where = -1: the codelet's own targets
 WHERE_CPU = 1 << 1  # STARPU_CPU
+WHERE_CUDA = 1 << 3  # STARPU_CUDA
 
 TileSpec = tuple[int, torch.dtype, tuple[int, ...]]  # (nbytes, dtype, shape)
 
@@ -198,10 +199,14 @@ class Submission:
         self._next = key0 + n
         _CLOSURES.update({key0 + i: (fn, specs, name, notify if i == last else None)
                           for i, fn, specs, name in b.closures})
+        if self.ncuda:  # a C program's task may run on a CUDA worker: as its Python kernel there
+            self._drop_ran_in_c()
+            tasks = b._tasks
+            _CLOSURES.update({key0 + i: (tasks[i][0], tasks[i][3], tasks[i][4], None) for i in b.ew_at})
         ffi = self.ffi
         out = ffi.new("int[3]")  # tasks that went in, StarPU's error, those run on this rank
         here = ffi.new("uint8_t[]", n) if self.distributed else ffi.NULL  # per task: run on this rank
-        nhint, hint = self._plan_hints(b, handles) if self.ooc is not None else (0, ffi.NULL)
+        nhint, hint = self._plan_hints(b, handles) if self._hints is not None else (0, ffi.NULL)
         # The batch goes to StarPU in one C call that does not hold the GIL, so the
         # workers keep running (and Python kernels keep their turns) while it goes in.
         args = (n, key0, b.nbufs, ffi.new("tnt_handle[]", handles), b.modes, b.ngemm, b.gemm, b.coef, b.n_ew, b.ew,
@@ -228,12 +233,36 @@ class Submission:
                 for i, _fn, _specs, _name in b.closures:
                     if i < out[0] and not here[i]:
                         _CLOSURES.pop(key0 + i, None)
+                if self.ncuda:
+                    for i in b.ew_at:
+                        if i < out[0] and not here[i]:
+                            _CLOSURES.pop(key0 + i, None)
         if done < n:
             tasks = b.tasks(handles)
             name = tasks[done][4]
             err = RuntimeError(f"starpu_task_submit failed ({out[1]}) for {name}")
             self._fail_writes(tasks[done:], Failure(name, err), reported=True)
             raise err
+
+    def cuda_info(self) -> dict[str, Any] | None:
+        """With CUDA workers: how many, their GPUs, and the tasks they ran so far (of
+        those stats has collected: call after a wait); None without any."""
+        if not self.ncuda:
+            return None
+        stats.collect()
+        workers = [w for w, d in enumerate(_CUDA_DEVICE) if d >= 0]
+        return {"workers": len(workers), "devices": sorted({_CUDA_DEVICE[w] for w in workers}),
+                "tasks": sum(c for w in workers for c, _s in stats.KERNELS[w].values())}
+
+    def _drop_ran_in_c(self) -> None:
+        """Forget the Python kernels of program tasks a CPU worker ran in C."""
+        keys, cap = self._ran_in_c, len(self._ran_in_c)
+        while True:
+            k = self.lib.tnt_cuda_take_ran_in_c(keys, cap)
+            for j in range(k):
+                _CLOSURES.pop(keys[j], None)
+            if k < cap:
+                return
 
     def _submit_around(self, b: Batch, handles: list[Any], notify: Done | None) -> None:
         """Out of core: submit the batch but for its tasks whose tiles need more than a
@@ -362,18 +391,25 @@ def _bind_callback(ffi: Any) -> None:
                 if worker not in _WORKERS_READY:
                     torch.set_num_threads(1)
                     _WORKERS_READY.add(worker)
-                tensors = []
-                for i in range(n):
-                    spec = specs[i]
-                    addr = ptrs[i]
-                    t = cache.get((addr, spec))
-                    if t is None:
-                        t = _tile_tensor(addr, spec)
-                    tensors.append(t)
-                t0 = perf()
-                if not _SKIP_KERNELS:
-                    fn(*tensors)
-                t1 = perf()
+                dev = _CUDA_DEVICE[worker] if _CUDA_DEVICE else -1
+                if dev >= 0:
+                    t0 = perf()
+                    if not _SKIP_KERNELS:
+                        _run_on_cuda(fn, specs, ptrs, n, worker, dev)
+                    t1 = perf()
+                else:
+                    tensors = []
+                    for i in range(n):
+                        spec = specs[i]
+                        addr = ptrs[i]
+                        t = cache.get((addr, spec))
+                        if t is None:
+                            t = _tile_tensor(addr, spec)
+                        tensors.append(t)
+                    t0 = perf()
+                    if not _SKIP_KERNELS:
+                        fn(*tensors)
+                    t1 = perf()
                 st = kstats[worker].get(name)
                 if st is None:
                     kstats[worker][name] = [1, t1 - t0]
@@ -392,6 +428,81 @@ def _bind_callback(ffi: Any) -> None:
                 notify.failure = failed
                 notify.set()
         return failed
+
+
+# CUDA workers: per worker, the GPU it drives (-1: a CPU worker; empty: no CUDA worker),
+# and the torch stream over its StarPU stream; tensors viewing device buffers by (address, spec).
+_CUDA_DEVICE: list[int] = []
+_CUDA_STREAMS: dict[int, Any] = {}
+_CUDA_TENSORS: dict[tuple[int, TileSpec], torch.Tensor] = {}
+
+
+def start_cuda(rt: Runtime, asked: int) -> None:
+    """After StarPU started ``rt.ncuda`` CUDA workers (``asked``: the ``ncuda`` asked for,
+    -1 for every GPU): check that they can run torch's CUDA kernels, and note each
+    worker's GPU."""
+    global _CUDA_DEVICE
+    rt._ran_in_c = rt.ffi.new("int64_t[]", 4096)
+    n = rt.ncuda
+    if asked > 0 and n < asked:
+        raise RuntimeError(f"torch_nntile: ncuda={asked}, but StarPU started {n} CUDA worker(s): too few GPUs "
+                           "visible (CUDA_VISIBLE_DEVICES), or StarPU's STARPU_NCUDA limits them")
+    if n and not torch.cuda.is_available():
+        raise RuntimeError("torch_nntile: CUDA workers run torch's CUDA kernels on their tiles, but this PyTorch "
+                           "has no CUDA (torch.cuda.is_available() is False); install a CUDA build of PyTorch, "
+                           "or use ncuda=0")
+    if n:
+        torch.cuda.init()
+    _CUDA_DEVICE = [int(rt.lib.tnt_worker_cuda_device(w)) for w in range(rt.lib.tnt_nworkers())] if n else []
+
+
+def worker_label(w: int) -> str:
+    """How a trace names worker ``w``."""
+    dev = _CUDA_DEVICE[w] if w < len(_CUDA_DEVICE) else -1
+    return f"CUDA worker {w} (GPU {dev})" if dev >= 0 else f"CPU worker {w}"
+
+
+def stop_cuda() -> None:
+    global _CUDA_DEVICE
+    _CUDA_DEVICE = []
+    _CUDA_STREAMS.clear()
+    _CUDA_TENSORS.clear()
+
+
+class _DeviceBytes:
+    """``nbytes`` bytes of GPU memory at ``addr``, as torch.as_tensor takes them (the CUDA
+    array interface, version 2: no stream to wait for; the worker's stream is current)."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, addr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (addr, False), "version": 2}
+
+
+def _run_on_cuda(fn: Callable[..., None], specs: list[TileSpec], ptrs: Any, n: int, worker: int, dev: int) -> None:
+    """A Python kernel on a CUDA worker: on CUDA tensors viewing the tiles' device
+    buffers, on the worker's stream (torch's CUDA kernels; StarPU's moved the tiles).
+    Waits for the stream, so that an asynchronous CUDA error fails this task."""
+    stream = _CUDA_STREAMS.get(worker)
+    if stream is None:
+        stream = _CUDA_STREAMS[worker] = torch.cuda.ExternalStream(int(_CURRENT.lib.tnt_cuda_stream()), device=dev)  # type: ignore[union-attr]
+    cache = _CUDA_TENSORS
+    tensors = []
+    for i in range(n):
+        spec, addr = specs[i], ptrs[i]
+        t = cache.get((addr, spec))
+        if t is None:
+            nbytes, dtype, shape = spec
+            flat = (torch.as_tensor(_DeviceBytes(addr, nbytes), device=torch.device("cuda", dev)) if nbytes
+                    else torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", dev)))
+            t = flat.view(dtype).view(shape)
+            if len(cache) > 100_000:
+                cache.clear()
+            cache[(addr, spec)] = t
+        tensors.append(t)
+    with torch.cuda.device(dev), torch.cuda.stream(stream):
+        fn(*tensors)
+        stream.synchronize()
 
 
 def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:

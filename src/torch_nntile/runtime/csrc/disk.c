@@ -57,7 +57,8 @@ static void *tnt_disk_alloc(void *base, size_t size)
 }
 
 /* Graph-aware hints (runtime/hints.py): the tiles a task evicts once it has run, their
-   next read being too far off for them to stay in memory until then. StarPU's
+   next read being too far off for them to stay in memory until then (out of core, RAM;
+   with CUDA workers and a GPU memory limit, the GPUs'). StarPU's
    starpu_data_wont_use cannot say it: for a tile without a home node it only
    schedules a copy to disk, and leaves the tile where it is in the LRU order. */
 struct tnt_hints { int n; starpu_data_handle_t h[]; };
@@ -82,6 +83,12 @@ void tnt_hints_run(void *arg)
 {
     struct tnt_hints *x = arg;
     for (int i = 0; i < x->n; i++) {
+        if (tnt_cuda_on) {  /* GPU memory: a tile with a home in RAM; StarPU writes it back when
+                               the bus is idle and evicts it from the GPUs first */
+            starpu_data_wont_use(x->h[i]);
+            __atomic_add_fetch(&tnt_hinted[0], 1, __ATOMIC_RELAXED);
+            continue;
+        }
         int rc = starpu_data_evict_from_node(x->h[i], STARPU_MAIN_RAM);
         __atomic_add_fetch(&tnt_hinted[rc == 0 ? 0 : 1], 1, __ATOMIC_RELAXED);
     }

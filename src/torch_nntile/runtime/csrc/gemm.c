@@ -8,6 +8,24 @@
    MKL keeps its best kernels for Intel's CPUs, so these run on AMD's alone. */
 #include "gemm.h"
 
+#if !defined(__x86_64__)  /* elsewhere (arm64) never used: tnt_sgemm_ok is 0, products go to the BLAS */
+
+int tnt_sgemm_ok(void) { return 0; }
+size_t tnt_sgemm_packed_floats(int n, int k) { (void)n; (void)k; return 0; }
+void tnt_sgemm_pack_b(int tb, int n, int k, float alpha, const float *b, int ldb, float *bp)
+{ (void)tb; (void)n; (void)k; (void)alpha; (void)b; (void)ldb; (void)bp; }
+void tnt_sgemm_packed(int ta, int m, int n, int k, const float *a, int lda, const float *bp, float beta, float *c,
+                      int ldc)
+{ (void)ta; (void)m; (void)n; (void)k; (void)a; (void)lda; (void)bp; (void)beta; (void)c; (void)ldc; }
+int tnt_sgemm_own(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                  float beta, float *c, int ldc)
+{
+    (void)ta; (void)tb; (void)m; (void)n; (void)k; (void)alpha; (void)a; (void)lda; (void)b; (void)ldb; (void)beta;
+    (void)c; (void)ldc;
+    return 0;
+}
+#else
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -241,3 +259,5 @@ int tnt_sgemm_own(int ta, int tb, int m, int n, int k, float alpha, const float 
     }
     return 1;
 }
+
+#endif  /* __x86_64__ */

@@ -38,8 +38,6 @@ static int tnt_own_sgemm;
 int tnt_skip_kernels;
 static struct starpu_codelet tnt_gemm_cl;
 
-struct tnt_gemm_args { int64_t key; int kind, ta, tb, m, n, k, dbl, name, trace, batch; double alpha, beta; };
-
 /* Products of at least this many multiply-adds run in two parts (tnt_gemm_shared):
    about 20 us of one core. */
 static double tnt_split_macs = 1048576.0;
@@ -194,6 +192,8 @@ void tnt_set_blas(uintptr_t sgemm, uintptr_t dgemm, uintptr_t set_threads_local,
     tnt_skip_kernels = skip;
     tnt_codelet(&tnt_gemm_cl, tnt_gemm_func, 0, "nntile_gemm");
     tnt_codelet(&tnt_ew_cl, tnt_ew_func, 0, "nntile_ew");
+    tnt_cuda_codelet(&tnt_gemm_cl, TNT_CUDA_GEMM);
+    tnt_cuda_codelet(&tnt_ew_cl, TNT_CUDA_PROGRAM);
 }
 
 int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, double alpha,
@@ -217,6 +217,6 @@ int tnt_submit_gemm(int nbuf, tnt_handle *handles, int *modes, const int *p, dou
     task->cl_arg = a;
     task->cl_arg_size = sizeof(*a);
     task->cl_arg_free = 1;
-    task->where = where;
+    task->where = kind == TNT_GEMM ? where : where & STARPU_CPU;  /* packed operands: the host's BLAS only */
     return tnt_send(task, nbuf, handles, modes, hints);
 }

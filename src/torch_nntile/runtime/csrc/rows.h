@@ -143,9 +143,10 @@ enum { TNT_MAP_EQ = 0, TNT_MAP_NE, TNT_MAP_LT, TNT_MAP_LE, TNT_MAP_GT, TNT_MAP_G
    Python exception, named in runtime/submission.py): an index out of range (of a lookup,
    of an index tile), a target out of bounds. bad[0] is the offending value; for
    TNT_ROWS_BAD_SUBSCRIPT and TNT_ROWS_BAD_GATHER bad[1] and bad[2] are the dim and its size;
-   TNT_ROWS_ATEN_FAILED: the ATen op raised (its error stays with the worker's thread). */
+   TNT_ROWS_ATEN_FAILED: the ATen op raised (its error stays with the worker's thread);
+   TNT_CUDA_CUBLAS_FAILED (cuda.c): a cuBLAS call returned status bad[0]. */
 enum { TNT_ROWS_OK = 0, TNT_ROWS_BAD_INDEX, TNT_ROWS_BAD_TARGET, TNT_ROWS_BAD_SUBSCRIPT, TNT_ROWS_BAD_GATHER,
-       TNT_ROWS_ATEN_FAILED };
+       TNT_ROWS_ATEN_FAILED, TNT_CUDA_CUBLAS_FAILED };
 
 /* The function that runs TNT_ROWS_ATEN's prepared calls (0: none, and the kind is refused). */
 typedef int (*tnt_aten_run_t)(const void *call, void *const *bufs, int nbuf);

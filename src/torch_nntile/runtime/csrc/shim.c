@@ -10,7 +10,9 @@
    Here: starting StarPU (its codelets, its workers' niceness and idle hook) and
    stopping it, pausing and resuming the workers, and trimming malloc's heaps. */
 #include <starpu.h>
+#ifdef __GLIBC__
 #include <malloc.h>
+#endif
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -71,12 +73,12 @@ int tnt_built_with_mpi(void)
 #endif
 }
 
-int tnt_init(int ncpu, const char *sched, int nice, int mpi)
+int tnt_init(int ncpu, int ncuda, const char *sched, int nice, int mpi)
 {
     struct starpu_conf conf;
     starpu_conf_init(&conf);
     conf.ncpus = ncpu;
-    conf.ncuda = 0;
+    conf.ncuda = ncuda;  /* -1: every GPU; without CUDA in StarPU, only 0 (see tnt_cuda_init) */
     conf.nopencl = 0;
     conf.catch_signals = 0;
     if (sched != NULL && sched[0] != '\0')
@@ -106,7 +108,12 @@ int tnt_init(int ncpu, const char *sched, int nice, int mpi)
         rc = starpu_init(&conf);
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0 && tnt_cuda_init(ncuda) != 0) {  /* CUDA workers without cuBLAS: none at all */
+        tnt_shutdown();
+        rc = -ENODEV;
+    }
     if (rc == 0) {
+        tnt_cuda_codelet(&tnt_cl, TNT_CUDA_PYTHON);
         starpu_idle_hook_register(tnt_idle_hook, NULL);
         if (nice > 0)
             starpu_execute_on_each_worker(tnt_nice_worker, &nice, STARPU_CPU);
@@ -116,6 +123,7 @@ int tnt_init(int ncpu, const char *sched, int nice, int mpi)
 
 void tnt_shutdown(void)
 {
+    tnt_cuda_shutdown();
 #ifdef TNT_MPI
     if (tnt_mpi_on) {  /* StarPU's shutdown, then MPI's (StarPU-MPI initialised it) */
         tnt_mpi_on = 0;
@@ -154,4 +162,9 @@ void tnt_resume(void) { starpu_resume(); }
    every size, made and freed on several threads, leave the heaps fragmented: free
    memory that malloc keeps, and the process's resident size grew by tens of MiB a
    step (a medium GPT-2) without it. */
-void tnt_trim(void) { malloc_trim(0); }
+void tnt_trim(void)
+{
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+}

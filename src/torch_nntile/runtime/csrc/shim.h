@@ -18,8 +18,13 @@ int64_t _tnt_input_error(int name, int code, int64_t value, int64_t dim, int64_t
 
 /* cdef begin */
 typedef void *tnt_handle;
-int tnt_init(int ncpu, const char *sched, int nice, int mpi);
+int tnt_init(int ncpu, int ncuda, const char *sched, int nice, int mpi);
 int tnt_built_with_mpi(void);
+int tnt_built_with_cuda(void);
+int tnt_ncuda(void);
+int tnt_worker_cuda_device(int worker);
+uintptr_t tnt_cuda_stream(void);
+int64_t tnt_cuda_take_ran_in_c(int64_t *keys, int64_t max);
 int tnt_mpi_rank(void);
 int tnt_mpi_size(void);
 tnt_handle tnt_register_dist(size_t nelems, size_t elemsize, int owner);

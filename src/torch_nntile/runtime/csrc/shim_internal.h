@@ -1,4 +1,4 @@
-/* What the shim's files (shim.c, memory.c, disk.c, failures.c, submit.c, products.c, share.c, dist.c)
+/* What the shim's files (shim.c, memory.c, disk.c, failures.c, submit.c, products.c, share.c, dist.c, cuda.c)
    share with each other: not part of its interface (shim.h), which is all Python sees.
    Each is described where it is defined. */
 #ifndef TNT_SHIM_INTERNAL_H
@@ -21,6 +21,9 @@ struct tnt_gemm_part {
     size_t sc, sx, sy;
     double alpha, beta;
 };
+
+/* A product task's arguments (products.c, cuda.c). */
+struct tnt_gemm_args { int64_t key; int kind, ta, tb, m, n, k, dbl, name, trace, batch; double alpha, beta; };
 
 /* memory.c */
 extern struct starpu_codelet tnt_free_cl, tnt_init_cl;
@@ -48,10 +51,20 @@ void tnt_hints_run(void *arg);
 /* submit.c */
 extern struct starpu_codelet tnt_cl, tnt_ew_cl;
 void tnt_cpu_func(void *buffers[], void *cl_arg);
+void tnt_run_python(int64_t key, void *buffers[]);
 void tnt_ew_func(void *buffers[], void *cl_arg);
 void tnt_codelet(struct starpu_codelet *cl, void (*fn)(void *[], void *), int writes_one, const char *name);
 int tnt_set_buffers(struct starpu_task *task, int n, tnt_handle *handles, int *modes);
 int tnt_send(struct starpu_task *task, int n, tnt_handle *handles, int *modes, struct tnt_hints *hints);
+void tnt_ew_release(const void *cl_arg);
+
+/* cuda.c */
+enum { TNT_CUDA_PYTHON = 0, TNT_CUDA_PROGRAM, TNT_CUDA_GEMM };
+extern int tnt_cuda_on;
+int tnt_cuda_init(int ncuda);
+void tnt_cuda_shutdown(void);
+void tnt_cuda_codelet(struct starpu_codelet *cl, int kind);
+void tnt_cuda_ran_in_c(int64_t key);
 
 /* products.c */
 extern int tnt_skip_kernels;

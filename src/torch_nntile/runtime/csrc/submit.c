@@ -14,7 +14,9 @@
 
 struct starpu_codelet tnt_cl;
 
-void tnt_cpu_func(void *buffers[], void *cl_arg)
+/* The Python kernel of task ``key`` on the worker's copies of its tiles (host or
+   device buffers); what the task writes holds the failure it returned. */
+void tnt_run_python(int64_t key, void *buffers[])
 {
     struct starpu_task *task = starpu_task_get_current();
     int n = STARPU_TASK_GET_NBUFFERS(task);
@@ -22,8 +24,13 @@ void tnt_cpu_func(void *buffers[], void *cl_arg)
     for (int i = 0; i < n; i++)
         ptrs[i] = STARPU_VECTOR_GET_PTR(buffers[i]);
     int64_t failed = tnt_task_failure(task, n);
-    failed = _tnt_kernel((int64_t)(intptr_t)cl_arg, ptrs, n, starpu_worker_get_id(), failed);
+    failed = _tnt_kernel(key, ptrs, n, starpu_worker_get_id(), failed);
     tnt_task_wrote(task, n, failed);
+}
+
+void tnt_cpu_func(void *buffers[], void *cl_arg)
+{
+    tnt_run_python((int64_t)(intptr_t)cl_arg, buffers);
 }
 
 /* A CPU codelet running ``fn``: on one tile it writes (``writes_one``), else on the
@@ -121,6 +128,16 @@ static size_t tnt_ew_consts_at(int nints)
     return (at + 7) & ~(size_t)7;
 }
 
+/* An ingress's source, held since submission, is let go once the task has run. */
+void tnt_ew_release(const void *cl_arg)
+{
+    const struct tnt_ew_args *a = cl_arg;
+    const int32_t *prog = (const int32_t *)(a + 1);
+    const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
+    if (prog[0] == TNT_ROWS_INGRESS)
+        tnt_blob_release((void *)(uintptr_t)consts[0]);
+}
+
 void tnt_ew_func(void *buffers[], void *cl_arg)
 {
     const struct tnt_ew_args *a = cl_arg;
@@ -128,11 +145,11 @@ void tnt_ew_func(void *buffers[], void *cl_arg)
     int nbuf = STARPU_TASK_GET_NBUFFERS(task);
     const int32_t *prog = (const int32_t *)(a + 1);
     const double *consts = (const double *)((const char *)a + tnt_ew_consts_at(a->nints));
-    void *blob = prog[0] == TNT_ROWS_INGRESS ? (void *)(uintptr_t)consts[0] : NULL;  /* held since submission */
+    if (tnt_cuda_on)  /* its Python kernel, there for a CUDA worker, goes unused */
+        tnt_cuda_ran_in_c(a->key);
     int64_t failed = tnt_task_failure(task, nbuf);
     if (failed) {
-        if (blob)
-            tnt_blob_release(blob);
+        tnt_ew_release(a);
         tnt_native_failed(task, nbuf, failed);
         return;
     }
@@ -150,8 +167,7 @@ void tnt_ew_func(void *buffers[], void *cl_arg)
         else if (!tnt_softmax_shared(prog[0], prog + 1, ptrs))
             rc = tnt_rows_run(prog[0], prog + 1, consts, ptrs, bad);
     }
-    if (blob)
-        tnt_blob_release(blob);
+    tnt_ew_release(a);
     if (rc != TNT_ROWS_OK) {  /* a bad index or target: the task fails as the CPU kernel would */
         tnt_native_failed(task, nbuf, _tnt_input_error(a->name, rc, bad[0], bad[1], bad[2]));
         return;

@@ -165,7 +165,7 @@ static void copy_boxes(const int32_t *p, void *const *bufs)
 
 /* -- TNT_ROWS_MAP ------------------------------------------------------------------ */
 
-enum { MAP_HEAD = 4, MAP_FIXED = 4 };  /* ints before shape; per operand, before its strides */
+enum { MAP_HEAD_INTS = 4, MAP_PER_OPERAND = 4 };  /* ints before shape; per operand, before its strides */
 
 static int type_size(int type)
 {
@@ -184,17 +184,17 @@ static int read_as(int op, int k, int ctype) { return op == TNT_MAP_WHERE && k =
 
 static int map_check(const int32_t *p, int nints, int nbuf)
 {
-    if (nints < MAP_HEAD)
+    if (nints < MAP_HEAD_INTS)
         return -1;
     int op = p[0], ctype = p[1], otype = p[2], nd = p[3];
     if (op < 0 || op >= TNT_MAP_NOPS || (ctype != TNT_T_I64 && ctype != TNT_T_F32 && ctype != TNT_T_F64)
         || otype < 0 || otype >= TNT_T_NTYPES || nd < 1 || nd > TNT_WALK_MAXDIM)
         return -1;
     int nops = map_nops(op);
-    if (nints != MAP_HEAD + nd + nops * (MAP_FIXED + nd) || nbuf < 1 || nbuf > 1 + nops)
+    if (nints != MAP_HEAD_INTS + nd + nops * (MAP_PER_OPERAND + nd) || nbuf < 1 || nbuf > 1 + nops)
         return -1;
     for (int d = 0; d < nd; d++)
-        if (p[MAP_HEAD + d] < 0)
+        if (p[MAP_HEAD_INTS + d] < 0)
             return -1;
     /* comparisons write bool; arithmetic is on integers; where and a conversion store
        their values' type, computed in its class */
@@ -203,7 +203,7 @@ static int map_check(const int32_t *p, int nints, int nbuf)
         : ctype != TNT_T_I64 || !is_integer(otype))
         return -1;
     for (int k = 0; k < nops; k++) {
-        const int32_t *q = p + MAP_HEAD + nd + k * (MAP_FIXED + nd);
+        const int32_t *q = p + MAP_HEAD_INTS + nd + k * (MAP_PER_OPERAND + nd);
         if (q[1] == -1)
             continue;  /* an immediate */
         if (q[0] < 0 || q[0] >= TNT_T_NTYPES || q[1] < 0 || q[1] >= nbuf
@@ -319,11 +319,11 @@ static void apply(int op, int ctype, int otype, int n, const union block *v, cha
 
 static void map_run(const int32_t *p, void *const *bufs)
 {
-    int op = p[0], ctype = p[1], otype = p[2], nd = p[3], nops = map_nops(op), per = MAP_FIXED + p[3];
-    const int32_t *q = p + MAP_HEAD + nd;  /* the operands, per ints each */
+    int op = p[0], ctype = p[1], otype = p[2], nd = p[3], nops = map_nops(op), per = MAP_PER_OPERAND + p[3];
+    const int32_t *q = p + MAP_HEAD_INTS + nd;  /* the operands, per ints each */
     int64_t shape[TNT_WALK_MAXDIM], str[4][TNT_WALK_MAXDIM], total = 1;
     for (int d = nd - 1; d >= 0; d--) {  /* buffer 0, the output, is contiguous */
-        shape[d] = p[MAP_HEAD + d];
+        shape[d] = p[MAP_HEAD_INTS + d];
         str[0][d] = total;
         total *= shape[d];
     }
@@ -332,7 +332,7 @@ static void map_run(const int32_t *p, void *const *bufs)
     for (int k = 0; k < nops; k++) {
         const int32_t *qk = q + k * per;
         for (int d = 0; d < nd; d++)
-            str[1 + k][d] = qk[1] < 0 ? 0 : qk[MAP_FIXED + d];
+            str[1 + k][d] = qk[1] < 0 ? 0 : qk[MAP_PER_OPERAND + d];
         if (qk[1] < 0)
             splat(read_as(op, k, ctype), (uint64_t)(uint32_t)qk[2] | (uint64_t)(uint32_t)qk[3] << 32, &operand[k]);
     }
