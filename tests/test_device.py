@@ -259,6 +259,24 @@ def test_views_run_as_cpp_kernels_with_cpu_errors():
         assert str(ours.value) == str(cpu.value)
 
 
+def test_native_library_records_its_torch(tmp_path):
+    """The build's C++ library records the torch it was compiled against, and a library
+    recorded against another torch (a tree built by another environment) is not loaded:
+    it would fail on a missing symbol, or load and crash."""
+    from torch_nntile.backend import native_lib
+
+    path = native_lib.native_library()
+    assert path is not None and native_lib.built_against(path) == torch.__version__.split("+")[0]
+    assert native_lib._loadable(path)
+    other = tmp_path / "_native.so"
+    other.write_bytes(b"\x7fELF\0\0torch_nntile: built against torch 2.0.1\0\0")
+    assert native_lib.built_against(str(other)) == "2.0.1"
+    with pytest.warns(RuntimeWarning, match="built against torch 2.0.1, not this torch"):
+        assert not native_lib._loadable(str(other))
+    other.write_bytes(b"\x7fELF\0\0")  # a build older than the record: loaded as before
+    assert native_lib.built_against(str(other)) is None and native_lib._loadable(str(other))
+
+
 def test_device_guard_runs_in_cpp(monkeypatch):
     """The build's C++ device guard answers PyTorch's device and stream questions
     (about 800 a GPT-2 step, most on autograd's thread) instead of the Python guard

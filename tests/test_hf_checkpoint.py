@@ -53,12 +53,20 @@ def test_views_share_their_base_address_with_offsets():
 
 
 def test_a_grown_storage_moves_and_its_views_follow():
+    from torch_nntile.backend import device
+
     x = torch.arange(6.0, device="nntile")
     v = x[2:]
     before = x.data_ptr()
     x.resize_(20)
     assert x.untyped_storage().nbytes() == 80
-    assert x.data_ptr() != before and v.data_ptr() == x.data_ptr() + 2 * 4
+    if device._SWAP or device.NATIVE:
+        assert x.data_ptr() != before and v.data_ptr() == x.data_ptr() + 2 * 4
+    else:  # torch 2.11 without the C++ library: x alone moves (device._grow), its views read the same value
+        assert x.data_ptr() != before and v.data_ptr() == before + 2 * 4
+        v.add_(1)
+        assert torch.equal(x[2:6].cpu(), torch.arange(3.0, 7.0))
+        v.sub_(1)
     assert torch.equal(x[:6].cpu(), torch.arange(6.0))
 
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from torch_nntile.backend.device import native_library
+from torch_nntile.backend.device import NATIVE
+from torch_nntile.backend.native_lib import native_library
 from torch_nntile.backend.untiled import TILE_OUT, run_untiled
 from torch_nntile.kernels import CpuScalar, Slot, native
 from torch_nntile.ops import pooling
@@ -54,7 +55,7 @@ REWRITES: dict[Any, tuple[Any, Any]] = {}
 
 def _lib() -> Any:
     path = native_library()
-    if path is None:
+    if path is None or not NATIVE:  # not built, or built for another torch (native_lib.native_library)
         return None
     lib = ctypes.PyDLL(path)
     lib.tnt_aten_prepare.restype = ctypes.c_size_t

@@ -22,11 +22,13 @@ import copy
 import itertools
 import math
 import os
+import warnings
 
 import torch
 from torch.utils.backend_registration import _DummyDeviceGuard, _DummyPrivateUse1Hook
 
 from torch_nntile import stats
+from torch_nntile.backend.native_lib import native_library
 from torch_nntile.graph.nodes import DataNode
 from torch_nntile.kernels import Kernel, native, typed
 from torch_nntile.ops.base import TILE, call_out, map_op
@@ -92,14 +94,6 @@ class _BackendModule:
             return False
 
 
-def native_library() -> str | None:
-    """The backend's C++ library beside this module, or None where it was not built (a
-    build without torch, such as the wheel's)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return next((os.path.join(here, f) for f in sorted(os.listdir(here)) if f.startswith("_native.") and f.endswith(".so")),
-                None)
-
-
 def _register() -> bool:
     """Name PrivateUse1 ``nntile`` and give it what PyTorch expects of a backend: the
     ``torch.nntile`` module, ``Tensor.nntile()``, a device guard and hooks. The steps of
@@ -108,13 +102,17 @@ def _register() -> bool:
     hooks can hand out pinned memory). Returns whether that library is loaded."""
     lib = native_library()
     if torch._C._get_privateuse1_backend_name() == DEVICE:  # this module imported again
-        return lib is not None
+        return lib is not None and os.path.realpath(lib) in torch.ops.loaded_libraries
     torch.utils.rename_privateuse1_backend(DEVICE)
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module(DEVICE, _BackendModule)
     if lib is not None:  # its static registrars run on load: the view kernels (csrc/views.cpp),
-        torch.ops.load_library(lib)  # the C++ device guard (csrc/device_guard.cpp), the hooks (csrc/hooks.cpp)
-        return True
+        try:  # the C++ device guard (csrc/device_guard.cpp), the hooks (csrc/hooks.cpp)
+            torch.ops.load_library(lib)
+            return True
+        except OSError as e:  # nothing of it ran: a build older than its torch record, for another torch
+            warnings.warn(f"torch_nntile: running without its C++ library, which does not load: {e.__cause__ or e}",
+                          RuntimeWarning, stacklevel=2)
     torch._C._acc.register_python_privateuseone_hook(_DummyPrivateUse1Hook())
     torch._C._acc.register_python_privateuseone_device_guard(_DummyDeviceGuard())
     _pin_in_python()
@@ -176,22 +174,65 @@ def new_tensor(node: DataNode) -> torch.Tensor:
     changes by it (``clone_preserve_strides``, ``as_strided_``). It also has an
     address of its own (see the module docstring)."""
     t = _create(list(node.shape), node.dtype)  # contiguous, on a storage of 0 bytes
-    st = t.untyped_storage()
-    st._nnt = Buf(node)
     nbytes = node.numel * node.dtype.itemsize
-    if nbytes:  # the storage takes over the size and address of a non-owning one
+    if not nbytes:
+        t.untyped_storage()._nnt = Buf(node)
+    elif _SWAP:  # the storage takes over the size and address of a non-owning one
+        st = t.untyped_storage()
+        st._nnt = Buf(node)
         st._swap_data_ptr_(_storage_at(next(_ADDRESS[nbytes.bit_length()]), NNTILE, nbytes))
+    elif _PLACE is not None:
+        t.untyped_storage()._nnt = Buf(node)
+        _PLACE(t, next(_ADDRESS[nbytes.bit_length()]), nbytes)
+    else:
+        st = _storage_at(next(_ADDRESS[nbytes.bit_length()]), NNTILE, nbytes)
+        st._nnt = Buf(node)
+        _move(t, st)
     return t
 
 
-def _grow(st: torch.UntypedStorage, nbytes: int) -> None:
-    """Give storage ``st`` ``nbytes`` bytes and a new address (as a CPU realloc would).
+# How a storage gets its size and fake address. torch 2.13 swaps them in from a storage
+# made over the address; torch 2.11 has no swap, and there the C++ library sets them
+# (csrc/views.cpp) or, without it, a tensor moves onto a storage made over the address.
+_SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+_PLACE = None if _SWAP or not NATIVE else getattr(torch.ops.torch_nntile_native, "place_storage", None)
+_PLACE = None if _PLACE is None else _PLACE.default
+_SET_ = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
+
+
+def _move(t: torch.Tensor, st: torch.UntypedStorage) -> None:
+    """Put ``t``, geometry kept, on storage ``st`` (which must be large enough for it).
+
+    ATen's Meta ``set_`` does it for any device, but insists that a storage it may have
+    to grow be resizable, and a storage over an address never is: so ``t`` moves on as
+    an empty tensor and gets its geometry back by ``as_strided_``, which only checks
+    that the geometry fits."""
+    shape, stride, offset = list(t.shape), list(t.stride()), t.storage_offset()
+    _SET_(_META, t, st, offset, [0], [1])
+    _AS_STRIDED_(_META, t, shape, stride, offset)
+
+
+def _grow(t: torch.Tensor, nbytes: int) -> None:
+    """Give ``t``'s storage ``nbytes`` bytes and a new address, as a CPU realloc would:
+    every tensor on that storage sees them.
 
     Storages are not resizable (a storage over an address never is), so the size
-    comes in by swapping: first a 0-byte one out, then the new size in."""
-    if st.nbytes():
-        st._swap_data_ptr_(_storage_at(0, NNTILE, 0))
-    st._swap_data_ptr_(_storage_at(next(_ADDRESS[nbytes.bit_length()]), NNTILE, nbytes))
+    comes in by swapping: first a 0-byte one out, then the new size in. With neither
+    the swap nor the C++ library (torch 2.11 without it), ``t`` alone moves to a new
+    storage with the same payload: its views keep the old address and size, but read
+    and write the same value."""
+    address = next(_ADDRESS[nbytes.bit_length()])
+    st = t.untyped_storage()
+    if _SWAP:
+        if st.nbytes():
+            st._swap_data_ptr_(_storage_at(0, NNTILE, 0))
+        st._swap_data_ptr_(_storage_at(address, NNTILE, nbytes))
+    elif _PLACE is not None:
+        _PLACE(t, address, nbytes)
+    else:
+        new = _storage_at(address, NNTILE, nbytes)
+        new._nnt = st._nnt
+        _move(t, new)
 
 
 def _buf(t: torch.Tensor) -> Buf:
@@ -316,10 +357,9 @@ def reserve(t: torch.Tensor, nelems: int) -> None:
     """Let ``t``'s storage report room for ``nelems`` items. Storages hold no bytes
     (values live in tiles), but PyTorch's in-place metadata ops (``as_strided_``,
     ``squeeze_``, ``resize_``) check the new geometry against the storage size."""
-    st = t.untyped_storage()
     nbytes = nelems * t.element_size()
-    if st.nbytes() < nbytes:
-        _grow(st, nbytes)
+    if t.untyped_storage().nbytes() < nbytes:
+        _grow(t, nbytes)
 
 
 def resize(t: torch.Tensor, shape: tuple[int, ...]) -> None:

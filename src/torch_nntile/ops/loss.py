@@ -500,6 +500,16 @@ CROSS_ENTROPY_BACKWARD = Op("cross_entropy_backward", _lower_cross_entropy_backw
                             cost=lambda node: 2 * node.inputs[1].numel)
 
 
+def _label_dtype_error(dtype: torch.dtype) -> RuntimeError:
+    """CPU's error for class labels of ``dtype``, in this torch's words: they changed
+    between releases (torch 2.11: "expected scalar type Long but found Int")."""
+    try:
+        torch.nn.functional.nll_loss(torch.zeros(1, 1), torch.zeros(1, dtype=dtype))
+    except RuntimeError as e:
+        return RuntimeError(str(e))
+    return RuntimeError(f"expected target dtype to be Long or Byte, but got {type_word(dtype)}")
+
+
 def check_cross_entropy(x: DataNode, t: DataNode) -> None:
     if not x.shape:
         raise ValueError("cross_entropy: logits need a class dim (the last one); got a 0-dim tensor")
@@ -507,7 +517,7 @@ def check_cross_entropy(x: DataNode, t: DataNode) -> None:
         raise ValueError(f"cross_entropy: labels of shape {list(t.shape)} do not match the leading dims "
                          f"{list(x.shape[:-1])} of logits of shape {list(x.shape)}")
     if t.dtype != torch.int64:
-        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {type_word(t.dtype)}")
+        raise _label_dtype_error(t.dtype)
     if not x.dtype.is_floating_point:
         raise NotNative("cross_entropy of logits that are not floating point")
     if x.shape[-1] == 0:

@@ -16,6 +16,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <torch/version.h>
 
 #include <mutex>
 #include <unordered_set>
@@ -78,3 +79,9 @@ NntileHooks kHooks;
 const bool kRegistered = (at::RegisterPrivateUse1HooksInterface(&kHooks), true);
 
 }  // namespace
+
+// The torch this library was compiled against, which the package reads from the file
+// before it loads it (backend/native_lib.py, native_library): C++ code compiled against one
+// torch release fails to load into another, or loads and misreads its changed classes.
+extern "C" __attribute__((used, visibility("default")))
+const char tnt_built_against_torch[] = "torch_nntile: built against torch " TORCH_VERSION;

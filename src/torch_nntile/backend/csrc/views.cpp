@@ -8,10 +8,32 @@
 // from Python they cost 7-14 us a call; a transformer step makes about 170 (split,
 // transpose, permute, expand and view all end in these). Loaded by backend/table_data.py;
 // where this library was not built, the same kernels run as Python there.
+//
+// Also the placement of a storage at a fake address (backend/device.py), which torch 2.13
+// does from Python (`UntypedStorage._swap_data_ptr_`) and torch 2.11 cannot: in place, so
+// that every tensor on a storage that grows sees its new size and address.
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
+#include <c10/core/StorageImpl.h>
 #include <torch/library.h>
+
+namespace {
+
+// Give the storage of `self` `nbytes` bytes at `address`, which no one reads: nothing to
+// free, and not resizable, as a storage over an address made by Python is.
+void place_storage(const at::Tensor& self, int64_t address, int64_t nbytes) {
+    c10::StorageImpl* st = self.storage().unsafeGetStorageImpl();
+    st->set_data_ptr_noswap(c10::DataPtr(reinterpret_cast<void*>(address), self.device()));
+    st->set_nbytes(nbytes);
+    st->set_resizable(false);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(torch_nntile_native, m) {
+    m.def("place_storage(Tensor self, int address, int nbytes) -> ()", &place_storage);
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     m.impl("view", TORCH_FN(at::native::view));
