@@ -9,7 +9,7 @@ export STARPU_SILENT ?= 1
 export STARPU_PREFIX ?= $(CURDIR)/.cache/starpu
 export PKG_CONFIG_PATH := $(STARPU_PREFIX)/lib/pkgconfig$(if $(PKG_CONFIG_PATH),:$(PKG_CONFIG_PATH))
 
-.PHONY: setup starpu starpu-cuda demo test test-all test-check test-stress test-wheel test-wheel-cuda wheel wheel-cuda bench bench-pages soak lint docs clean
+.PHONY: setup starpu starpu-cuda demo test test-all test-check test-stress test-wheel test-wheel-cuda test-cuda wheel wheel-cuda bench bench-pages soak lint docs clean
 
 $(VENV)/.done: Makefile pyproject.toml setup.py scripts/build_starpu.sh src/torch_nntile/runtime/_build_shim.py \
 		$(wildcard src/torch_nntile/runtime/csrc/*) $(wildcard src/torch_nntile/backend/csrc/*) \
@@ -74,6 +74,11 @@ test-wheel: setup wheel
 # CUDA worker starts), and its import error once cuBLAS is uninstalled (slow).
 test-wheel-cuda: setup wheel-cuda
 	TORCH_NNTILE_CUDA_WHEEL="$$(ls dist/torch_nntile-*+cu*.whl)" $(VPY) -m pytest -q -m slow tests/test_cuda_build.py
+
+# The package built against that StarPU, tested without a GPU (no CUDA worker starts;
+# the GPU tests skip): scripts/test_cuda_build.sh, in build/cuda-tree.
+test-cuda: setup starpu-cuda
+	VPY=$(VPY) bash scripts/test_cuda_build.sh
 
 bench: setup
 	$(VPY) benchmarks/mlp_step.py
