@@ -8,16 +8,21 @@
 #                                    libraries taken from torch's) and fetches the wheels
 #                                    that machine lacks (cffi for cp312, expecttest, the
 #                                    tests' transformers) into .gpu/ (git-ignored)
-#   scripts/gpu_check.sh run OUT     there, with .gpu/ carried: installs them into a
+#   scripts/gpu_check.sh run OUT [tests|bench|all]
+#                                    there, with .gpu/ carried: installs them into a
 #                                    temporary folder (no build, no registry), prints the
-#                                    versions, then runs with TORCH_NNTILE_NCUDA=1 the GPU
-#                                    tests and the parity tests (tests/test_cuda.py,
-#                                    test_training.py, test_hf_models.py, the tiled OpInfo
-#                                    subset of test_opinfo.py) and the benchmark
-#                                    benchmarks/cuda_step.py (GPT-2 12 layers; unlimited,
-#                                    and with the GPU memory limited to a third of the
-#                                    working set), each stage under a time limit; logs and
-#                                    JSON go to OUT. Exits nonzero if a stage failed.
+#                                    versions, then runs
+#                                    tests: with TORCH_NNTILE_NCUDA=1 the GPU tests and the
+#                                      parity tests (tests/test_cuda.py, test_training.py,
+#                                      test_hf_models.py, the tiled OpInfo subset of
+#                                      test_opinfo.py);
+#                                    bench: benchmarks/cuda_step.py (GPT-2 12 layers, every
+#                                      task on the GPU: unlimited; with the GPU memory
+#                                      limited to a third of the working set; and with
+#                                      TORCH_NNTILE_CUDA_ASYNC=1);
+#                                    each stage under a time limit; logs and JSON go to OUT.
+#                                    Exits nonzero if a stage failed. One device call runs
+#                                    at most 10 minutes: run tests and bench as two calls.
 #
 # Stage time limits (seconds) can be set with GPU_CHECK_TESTS_S and GPU_CHECK_BENCH_S.
 set -uo pipefail
@@ -51,7 +56,7 @@ stage() {  # name, limit (s), command...: run it, its output to OUT/name.log; re
     [ "$rc" = 0 ] || FAILED+=("$name($rc)")
 }
 
-run() {
+run() {  # OUT, what
     OUT=$(realpath -m "$1")
     mkdir -p "$OUT"
     local site=/tmp/torch_nntile-gpu-site
@@ -74,13 +79,18 @@ x = torch.randn(512, 512)
 y = (x.to('nntile') @ x.to('nntile')).cpu()
 print('product on the GPU: max abs error', (y - x @ x).abs().max().item(), torch_nntile.info()['cuda'])
 "
-    export TORCH_NNTILE_NCUDA=1
-    stage tests "${GPU_CHECK_TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -rf tests/test_cuda.py \
-        tests/test_training.py tests/test_hf_models.py tests/test_opinfo.py
-    unset TORCH_NNTILE_NCUDA
-    stage bench "${GPU_CHECK_BENCH_S:-240}" python3 benchmarks/cuda_step.py --json "$OUT/cuda_step.json"
-    stage bench-limited "${GPU_CHECK_BENCH_S:-240}" python3 benchmarks/cuda_step.py --mem-frac 0.33 \
-        --json "$OUT/cuda_step-limited.json"
+    local what=${2:-all}
+    if [ "$what" = tests ] || [ "$what" = all ]; then
+        TORCH_NNTILE_NCUDA=1 stage tests "${GPU_CHECK_TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -rf \
+            tests/test_cuda.py tests/test_training.py tests/test_hf_models.py tests/test_opinfo.py
+    fi
+    if [ "$what" = bench ] || [ "$what" = all ]; then
+        local b=(python3 benchmarks/cuda_step.py --restrict-cuda --steps 6 --block 2 --warmup 2)
+        stage bench "${GPU_CHECK_BENCH_S:-150}" "${b[@]}" --json "$OUT/cuda_step.json"
+        stage bench-limited "${GPU_CHECK_BENCH_S:-150}" "${b[@]}" --mem-frac 0.33 --json "$OUT/cuda_step-limited.json"
+        TORCH_NNTILE_CUDA_ASYNC=1 stage bench-async "${GPU_CHECK_BENCH_S:-150}" "${b[@]}" \
+            --json "$OUT/cuda_step-async.json"
+    fi
     if [ ${#FAILED[@]} -gt 0 ]; then
         echo "gpu_check: failed: ${FAILED[*]}"
         exit 1
@@ -90,6 +100,6 @@ print('product on the GPU: max abs error', (y - x @ x).abs().max().item(), torch
 
 case "${1:-}" in
     prepare) prepare ;;
-    run) [ $# -ge 2 ] || { echo "usage: $0 run OUT" >&2; exit 2; }; run "$2" ;;
-    *) echo "usage: $0 prepare | run OUT" >&2; exit 2 ;;
+    run) [ $# -ge 2 ] || { echo "usage: $0 run OUT [tests|bench|all]" >&2; exit 2; }; run "$2" "${3:-all}" ;;
+    *) echo "usage: $0 prepare | run OUT [tests|bench|all]" >&2; exit 2 ;;
 esac

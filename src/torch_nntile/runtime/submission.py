@@ -433,6 +433,7 @@ def _bind_callback(ffi: Any) -> None:
 # CUDA workers: per worker, the GPU it drives (-1: a CPU worker; empty: no CUDA worker),
 # and the torch stream over its StarPU stream; tensors viewing device buffers by (address, spec).
 _CUDA_DEVICE: list[int] = []
+_CUDA_SYNC = True  # wait for the stream at the end of each task (not under TORCH_NNTILE_CUDA_ASYNC)
 _CUDA_STREAMS: dict[int, Any] = {}
 _CUDA_TENSORS: dict[tuple[int, TileSpec], torch.Tensor] = {}
 
@@ -441,8 +442,9 @@ def start_cuda(rt: Runtime, asked: int) -> None:
     """After StarPU started ``rt.ncuda`` CUDA workers (``asked``: the ``ncuda`` asked for,
     -1 for every GPU): check that they can run torch's CUDA kernels, and note each
     worker's GPU."""
-    global _CUDA_DEVICE
+    global _CUDA_DEVICE, _CUDA_SYNC
     rt._ran_in_c = rt.ffi.new("int64_t[]", 4096)
+    _CUDA_SYNC = not stats.env_flag("TORCH_NNTILE_CUDA_ASYNC")
     n = rt.ncuda
     if asked > 0 and n < asked:
         raise RuntimeError(f"torch_nntile: ncuda={asked}, but StarPU started {n} CUDA worker(s): too few GPUs "
@@ -482,7 +484,8 @@ class _DeviceBytes:
 def _run_on_cuda(fn: Callable[..., None], specs: list[TileSpec], ptrs: Any, n: int, worker: int, dev: int) -> None:
     """A Python kernel on a CUDA worker: on CUDA tensors viewing the tiles' device
     buffers, on the worker's stream (torch's CUDA kernels; StarPU's moved the tiles).
-    Waits for the stream, so that an asynchronous CUDA error fails this task."""
+    Waits for the stream, so that an asynchronous CUDA error fails this task (under
+    ``TORCH_NNTILE_CUDA_ASYNC`` StarPU waits for it by an event instead)."""
     stream = _CUDA_STREAMS.get(worker)
     if stream is None:
         stream = _CUDA_STREAMS[worker] = torch.cuda.ExternalStream(int(_CURRENT.lib.tnt_cuda_stream()), device=dev)  # type: ignore[union-attr]
@@ -502,7 +505,8 @@ def _run_on_cuda(fn: Callable[..., None], specs: list[TileSpec], ptrs: Any, n: i
         tensors.append(t)
     with torch.cuda.device(dev), torch.cuda.stream(stream):
         fn(*tensors)
-        stream.synchronize()
+        if _CUDA_SYNC:
+            stream.synchronize()
 
 
 def _tile_tensor(addr: int, spec: TileSpec) -> torch.Tensor:

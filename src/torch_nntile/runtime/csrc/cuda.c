@@ -5,8 +5,9 @@
    - elementwise and row programs, and every kernel run through the Python callback:
      the task's Python kernel, on CUDA tensors viewing the tiles' device buffers
      (runtime/submission.py), i.e. torch's own CUDA kernels.
-   StarPU synchronizes the worker's stream after each call (no STARPU_CUDA_ASYNC): a
-   task's outputs are complete when its dependents start, on the GPU or the host.
+   StarPU synchronizes the worker's stream after each call (no STARPU_CUDA_ASYNC, unless
+   TORCH_NNTILE_CUDA_ASYNC): a task's outputs are complete when its dependents start, on
+   the GPU or the host.
 
    A program task (tnt_ew_cl) has a Python kernel too when CUDA workers exist, in case
    a CUDA worker runs it; where a CPU worker runs its C program instead, that kernel is
@@ -24,6 +25,10 @@
 #include "shim_internal.h"
 
 int tnt_cuda_on;  /* CUDA workers started: codelets get their CUDA implementations */
+/* TORCH_NNTILE_CUDA_ASYNC=1: the CUDA implementations only launch their work on the
+   worker's stream (STARPU_CUDA_ASYNC): StarPU learns of its end by an event, and the
+   worker goes on to the next task meanwhile. A CUDA error then shows in a later task. */
+static int tnt_cuda_async;
 
 #ifdef STARPU_USE_CUDA
 #include <starpu_cublas_v2.h>
@@ -138,6 +143,8 @@ static int tnt_cuda_start(void)
         tnt_models[i].type = STARPU_HISTORY_BASED;
         tnt_models[i].symbol = tnt_model_names[i];
     }
+    const char *async = getenv("TORCH_NNTILE_CUDA_ASYNC");  /* read at each start, as Python reads it */
+    tnt_cuda_async = async != NULL && async[0] != '\0' && strcmp(async, "0") != 0;
     tnt_cuda_on = 1;
     return 0;
 }
@@ -163,6 +170,7 @@ void tnt_cuda_codelet(struct starpu_codelet *cl, int kind)
         return;
     cl->where = STARPU_CPU | STARPU_CUDA;
     cl->model = &tnt_models[kind];
+    cl->cuda_flags[0] = tnt_cuda_async ? STARPU_CUDA_ASYNC : 0;
     cl->cuda_funcs[0] = kind == TNT_CUDA_GEMM ? tnt_gemm_cuda_func
                         : kind == TNT_CUDA_PROGRAM ? tnt_ew_cuda_func : tnt_cpu_func;
 }
