@@ -63,12 +63,13 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 __all__ = [
     "Captured", "CaptureError", "KernelError", "built_with_cuda", "built_with_mpi", "capture", "compile_graph",
-    "cuda_worker_count", "dump_graph", "empty_cache", "execute", "fallback_counts",
+    "cuda_worker_count", "ddp", "dump_graph", "empty_cache", "execute", "fallback_counts",
     "format_axis_groups",
-    "format_info", "format_pending_data_sizes", "info", "init_context", "metrics", "metrics_report",
+    "format_info", "format_pending_data_sizes", "has_pending_graph", "info", "init_context", "is_context_initialized",
+    "is_cpu_fallback_enabled", "metrics", "metrics_report",
     "pending_op_names", "print_axis_groups", "print_info", "ProgramsDivergedError", "rank", "reset_info",
-    "restore_where", "restrict_cpu", "restrict_cuda", "run", "set_axis_group_distribution", "set_axis_group_name",
-    "set_axis_group_tiling", "shutdown_context",
+    "reset_graph_session", "restore_where", "restrict_cpu", "restrict_cuda", "run", "set_axis_group_distribution",
+    "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
     "start_trace", "stop_trace", "TileMemoryError", "trace", "wait", "world_size",
 ]
 
@@ -85,10 +86,11 @@ torch.__future__.set_swap_module_params_on_conversion(True)
 
 def init_context(ncpu: int | None = None, ncuda: int | None = None, cpu_fallback: bool = False, scheduler: str | None = None,
                  memory_limit: int | None = None, swap_dir: str | os.PathLike | None = None,
-                 swap_size: int | None = None, tiled_only: bool = False) -> None:
-    """Start StarPU with ``ncpu`` CPU workers: by default one per core this process may
-    run on (the first op starts a context with the defaults by itself). More workers
-    than cores is allowed. ``scheduler`` names a StarPU scheduler (default ``lws``;
+                 swap_size: int | None = None, tiled_only: bool = False, *, verbose: int = 0,
+                 runtime_mode: str | None = None) -> None:
+    """Start StarPU with ``ncpu`` CPU workers: by default (or -1) one per core this
+    process may run on (the first op starts a context with the defaults by itself). More
+    workers than cores is allowed. ``scheduler`` names a StarPU scheduler (default ``lws``;
     ``dmdas`` with CUDA workers).
 
     ``ncuda`` CUDA workers (one per GPU; -1: every visible GPU; default: the
@@ -108,8 +110,65 @@ def init_context(ncpu: int | None = None, ncuda: int | None = None, cpu_fallback
     StarPU evicts the rest to files in ``swap_dir`` (an existing, writable folder), at
     most ``swap_size`` bytes of them (default: half the folder's free space), loading
     each back before a task reads it. One task's tiles must fit in a worker's share of
-    the limit (``memory_limit / ncpu``); see the out-of-core guide."""
-    _S.init(ncpu, ncuda, cpu_fallback, scheduler, OutOfCore.make(memory_limit, swap_dir, swap_size), tiled_only)
+    the limit (``memory_limit / ncpu``); see the out-of-core guide.
+
+    ``runtime_mode``: ``"graph"`` (the default) records ops and runs them when a value
+    is read, in batches; ``"eager"`` runs every op and waits for it as it is recorded,
+    so that an error, a kernel's too, is raised by the op that caused it (a debugging
+    mode: slow). It can be switched on a running context. ``verbose`` > 0 prints the
+    context's workers and settings when it starts.
+
+    Raises:
+        RuntimeError: a context with another ``ncpu``, ``ncuda``, scheduler or out-of-core
+            setting is running (``shutdown_context()`` first).
+    """
+    if runtime_mode not in (None, "graph", "eager"):
+        raise ValueError(f"init_context: runtime_mode must be 'graph' or 'eager', got {runtime_mode!r}")
+    _S.init(ncpu, ncuda, cpu_fallback, scheduler, OutOfCore.make(memory_limit, swap_dir, swap_size), tiled_only,
+            eager=None if runtime_mode is None else runtime_mode == "eager", verbose=verbose)
+
+
+def is_context_initialized() -> bool:
+    """Whether a context is running (``init_context``, or started by the first op)."""
+    rt = _S.rt
+    return rt is not None and rt.alive
+
+
+def is_cpu_fallback_enabled() -> bool:
+    """Whether ops nntile cannot run in the graph go to the CPU (``init_context(cpu_fallback=True)``)."""
+    return _S.cpu_fallback
+
+
+def has_pending_graph() -> bool:
+    """Whether recorded ops wait to be submitted (a read-back, ``execute()`` or ``run()`` submits them)."""
+    return _S.has_pending()
+
+
+def reset_graph_session() -> None:
+    """Submit what is pending and wait for everything (values are kept), then forget the
+    axis-group tilings and distributions set so far and the lowered steps kept for
+    reuse: the next ops start as on a fresh context, without restarting StarPU."""
+    _S.reset()
+
+
+def ddp(axis: str = "batch") -> None:
+    """Data parallelism over the named axis group: split it into one tile per worker
+    (CPU and CUDA) of every process, as evenly as its extent allows (fewer where it is
+    shorter). The split shows in ``format_axis_groups()``; a later
+    ``set_axis_group_tiling`` replaces it. Over several processes the tiles spread
+    over the ranks (``set_axis_group_distribution``), each rank's over its workers.
+
+    Raises:
+        ValueError: no live axis group has that name.
+    """
+    rt = _S.runtime()
+    extent = _axes.group_by_name(axis).extent
+    parts = max(1, min((rt.ncpu + rt.ncuda) * rt.world_size, extent))
+    if extent == 0:
+        _axes.set_tiling(axis, 1)
+        return
+    base, extra = divmod(extent, parts)
+    _axes.set_tiling(axis, [base + (i < extra) for i in range(parts)])
 
 
 def shutdown_context() -> None:

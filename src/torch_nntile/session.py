@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from torch_nntile import stats
+from torch_nntile.graph import axes
 from torch_nntile.graph.dot import tensor_dot
 from torch_nntile.graph.nodes import SESSION, DataNode, lower_pending
 from torch_nntile.ops.data import readout
@@ -103,31 +104,48 @@ class Session:
         self.steps: StepCache | None = None  # lowered steps of this runtime, for reuse
         self.thread = 0  # the thread that recorded the last op (see thread_switched)
         self.thread_flush_ops = THREAD_FLUSH_OPS
+        self.eager = False  # init_context(runtime_mode="eager"): every op runs, and is waited for, as it is recorded
 
     def init(self, ncpu: int | None, ncuda: int | None, cpu_fallback: bool, scheduler: str | None,
-             ooc: OutOfCore | None = None, tiled_only: bool = False) -> None:
+             ooc: OutOfCore | None = None, tiled_only: bool = False, eager: bool | None = None,
+             verbose: int = 0) -> None:
         if ncuda is None:
             ncuda = default_ncuda()
         if ncuda and not built_with_cuda():
             raise ValueError(f"ncuda={ncuda}: this build's StarPU has no CUDA workers (see built_with_cuda()); "
                              "use ncuda=0, or the CUDA build")
-        if ncpu is None:
+        if ncpu is None or ncpu == -1:  # -1: every core, as the reference's default
             ncpu = default_ncpu()
         config = (ncpu, scheduler, ooc, ncuda)
         if self.rt is not None and self.rt.alive:
             if config != self.config:
                 raise RuntimeError(
-                    f"torch_nntile context already initialized with ncpu={self.config[0]}, ncuda={self.config[3]}, "
-                    f"scheduler={self.config[1]!r}, out of core {self.config[2]}; call shutdown_context() first to "
+                    f"init_context: the torch_nntile context is already initialized with ncpu={self.config[0]}, "
+                    f"ncuda={self.config[3]}, scheduler={self.config[1]!r}, out of core {self.config[2]}; "
+                    "call shutdown_context() first to "
                     f"start one with ncpu={ncpu}, ncuda={ncuda}, scheduler={scheduler!r}, out of core {ooc}"
                 )
             self.cpu_fallback, self.tiled_only = cpu_fallback, tiled_only
+            self._set_mode(eager)
             return
         self.rt = Runtime(ncpu, scheduler, ooc, ncuda)
+        self._set_mode(eager)
         self.steps = StepCache()
         self.config = config
         self.cpu_fallback, self.tiled_only = cpu_fallback, tiled_only
         self.shut_down = False
+        if verbose:
+            rt = self.rt
+            print(f"torch_nntile: StarPU started with {rt.ncpu} CPU and {rt.ncuda} CUDA worker(s), scheduler "
+                  f"{scheduler or ('dmdas' if rt.ncuda else 'lws')}, rank {rt.rank} of {rt.world_size}, "
+                  f"{'eager' if self.eager else 'graph'} mode, CPU fallback {'on' if cpu_fallback else 'off'}"
+                  + (f", out of core {ooc}" if ooc is not None else ""), flush=True)
+
+    def _set_mode(self, eager: bool | None) -> None:
+        """Eager (every op flushed and waited for) or graph mode; None keeps the current one."""
+        if eager is not None:
+            self.eager = eager
+            self.flush_ops = 1 if eager else FLUSH_OPS
 
     def runtime(self) -> Runtime:
         rt = self.rt
@@ -141,7 +159,7 @@ class Session:
     def compile(self) -> None:
         """Lower the pending graph into tile tasks (nothing runs yet)."""
         with self.lock:
-            self.flush_ops = FLUSH_OPS
+            self.flush_ops = 1 if self.eager else FLUSH_OPS
             self._compile()
 
     def flush_early(self) -> None:
@@ -153,6 +171,10 @@ class Session:
         pending, and recording stops flushing early until then)."""
         with self.lock:
             if self.rt is None or not self.rt.alive:
+                return
+            if self.eager:  # a debugging mode: the op's own errors, kernel ones too, raise at the op
+                self.execute()
+                self.wait()
                 return
             try:
                 self._compile()
@@ -269,6 +291,20 @@ class Session:
     def empty_cache(self) -> None:
         with self.lock:
             self.runtime().empty_cache()
+
+    def has_pending(self) -> bool:
+        """Whether ops were recorded (or compiled) that have not been submitted yet."""
+        return bool(SESSION.pending) or self.compiled is not None
+
+    def reset(self) -> None:
+        """Submit what is pending and wait for everything (no value is lost), then forget
+        the tilings and distributions set and the lowered steps kept for reuse."""
+        with self.lock:
+            if self.rt is not None and self.rt.alive:
+                self.execute()
+                self.wait()
+                self.steps = StepCache()
+            axes.clear_all()
 
     def shutdown(self, abandon: bool = False) -> None:
         """Stop the runtime after its tasks (``abandon``: skip those not started yet)."""

@@ -182,6 +182,14 @@ def clear_tiling(name: str) -> None:
         group_by_name(name)
 
 
+def clear_all() -> None:
+    """Forget every tiling and distribution set (the names stay with their groups)."""
+    _TILINGS.clear()
+    if _DISTRIBUTIONS:
+        _DISTRIBUTIONS.clear()
+        _DIST_VERSION[0] += 1
+
+
 def tiling_of(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None = None) -> tuple[int, ...]:
     """The tile sizes of a root group: its named tiling, a tiling derived from the
     group it was reshaped from, or a single tile. ``cache`` (root -> sizes) holds the

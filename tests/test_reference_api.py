@@ -1,0 +1,104 @@
+"""The published torch_nntile's context API, as this package gives it: the context
+queries, ``reset_graph_session``, ``init_context``'s ``runtime_mode`` / ``verbose`` /
+``ncpu=-1`` and ``ddp``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_close, run_python
+
+import torch_nntile
+
+
+def test_context_queries_in_a_fresh_process():
+    code = """
+        import torch, torch_nntile
+        print(torch_nntile.is_context_initialized(), torch_nntile.has_pending_graph())
+        x = torch.ones(3).to("nntile")        # the first op starts a context
+        y = x * 2
+        print(torch_nntile.is_context_initialized(), torch_nntile.has_pending_graph())
+        print(y.cpu().tolist(), torch_nntile.has_pending_graph())
+        torch_nntile.shutdown_context()
+        print(torch_nntile.is_context_initialized())
+    """
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["False False", "True True", "[2.0, 2.0, 2.0] False", "False"]
+
+
+def test_cpu_fallback_query_follows_init_context():
+    assert torch_nntile.is_cpu_fallback_enabled() is False
+    torch_nntile.init_context(ncpu=2, cpu_fallback=True)
+    assert torch_nntile.is_cpu_fallback_enabled() is True
+    torch_nntile.init_context(ncpu=2, cpu_fallback=False)
+    assert torch_nntile.is_cpu_fallback_enabled() is False
+
+
+def test_reset_graph_session_keeps_values_and_forgets_tilings():
+    x = torch.randn(12, 5)
+    a = x.to("nntile")
+    torch_nntile.set_axis_group_name(a, {0: "rows_reset"})
+    torch_nntile.set_axis_group_tiling("rows_reset", [7, 5])
+    y = torch.tanh(a) * 3
+    assert torch_nntile.has_pending_graph()
+    torch_nntile.reset_graph_session()
+    assert not torch_nntile.has_pending_graph()
+    assert "7, 5" not in torch_nntile.format_axis_groups()
+    assert_close(y.cpu(), torch.tanh(x) * 3)
+    z = y + a  # recorded afresh, untiled now
+    assert_close(z.cpu(), torch.tanh(x) * 3 + x)
+
+
+def test_eager_mode_runs_each_op_and_raises_at_it():
+    torch_nntile.init_context(ncpu=2, runtime_mode="eager")
+    try:
+        x = torch.randn(4, 3)
+        a = x.to("nntile")
+        b = a.exp() + 1
+        assert not torch_nntile.has_pending_graph()  # run and waited for already
+        assert_close(b.cpu(), x.exp() + 1)
+        target = torch.tensor([0, 1, 7, 2]).to("nntile")  # 7: out of range for 3 classes
+        with pytest.raises(torch_nntile.KernelError, match="nll_loss"):
+            F.nll_loss(a, target)  # raised by the op itself, not by a later read-back
+    finally:
+        torch_nntile.init_context(ncpu=2, runtime_mode="graph")
+    c = torch.ones(2).to("nntile") * 5
+    assert torch_nntile.has_pending_graph()
+    assert c.cpu().tolist() == [5.0, 5.0]
+
+
+def test_init_context_arguments_checked_and_reinit_names_init_context():
+    with pytest.raises(ValueError, match="runtime_mode must be 'graph' or 'eager', got 'lazy'"):
+        torch_nntile.init_context(ncpu=2, runtime_mode="lazy")
+    with pytest.raises(RuntimeError, match=r"^init_context: the torch_nntile context is already initialized with ncpu=2"):
+        torch_nntile.init_context(ncpu=3)
+
+
+def test_ncpu_minus_one_and_verbose():
+    out = run_python("import torch_nntile\ntorch_nntile.init_context(ncpu=-1, verbose=1)\n")
+    assert out.returncode == 0, out.stderr
+    n = len(os.sched_getaffinity(0))
+    assert out.stdout.startswith(f"torch_nntile: StarPU started with {n} CPU and 0 CUDA worker(s), scheduler lws"), out.stdout
+    assert "graph mode, CPU fallback off" in out.stdout
+
+
+@pytest.mark.parametrize("extent, want", [(10, "2 tiles [5, 5]"), (7, "2 tiles [4, 3]"), (1, "untiled")])
+def test_ddp_splits_the_group_per_worker(extent, want):
+    x = torch.randn(extent, 6)
+    w = torch.randn(6, 4)
+    a, b = x.to("nntile"), w.to("nntile")
+    name = f"batch_ddp_{extent}"
+    torch_nntile.set_axis_group_name(a, {0: name})
+    torch_nntile.ddp(axis=name)  # 2 CPU workers in the tests
+    row = next(r for r in torch_nntile.format_axis_groups().splitlines() if r.split()[0] == name)
+    assert row.endswith(want), row
+    assert_close((torch.relu(a @ b)).cpu(), torch.relu(x @ w))
+
+
+def test_ddp_unknown_group_raises():
+    with pytest.raises(ValueError, match="unknown axis group name 'no_such_group'"):
+        torch_nntile.ddp(axis="no_such_group")
