@@ -102,3 +102,36 @@ def test_ddp_splits_the_group_per_worker(extent, want):
 def test_ddp_unknown_group_raises():
     with pytest.raises(ValueError, match="unknown axis group name 'no_such_group'"):
         torch_nntile.ddp(axis="no_such_group")
+
+
+def test_deep_relu_presets_and_attributes():
+    from torch_nntile.nn.model import DeepReLU
+
+    tiny = DeepReLU.tiny()
+    assert (tiny.input_dim, tiny.hidden_dim, tiny.output_dim, tiny.depth) == (128, 256, 10, 5)
+    assert [tuple(p.shape) for p in tiny.parameters()] == [(256, 128), (256, 256), (256, 256), (256, 256), (10, 256)]
+    mnist = DeepReLU.mnist(hidden_dim=64, depth=3)
+    assert [tuple(p.shape) for p in mnist.parameters()] == [(64, 784), (64, 64), (10, 64)]
+    one = DeepReLU(6, 99, 4, depth=1)
+    assert [tuple(p.shape) for p in one.parameters()] == [(4, 6)]
+    with pytest.raises(ValueError, match="DeepReLU: depth must be at least 1"):
+        DeepReLU(6, 8, 4, depth=0)
+
+
+def test_deep_relu_kaiming_init_is_the_same_on_any_device_and_trains_as_cpu():
+    from torch_nntile.nn.model import DeepReLU
+
+    cpu, dev = DeepReLU(20, 32, 5, depth=3), DeepReLU(20, 32, 5, depth=3).to("nntile")
+    cpu.init_kaiming_uniform_(seed=7)
+    dev.init_kaiming_uniform_(seed=7)
+    for c, d in zip(cpu.parameters(), dev.parameters()):
+        assert torch.equal(c, d.cpu())
+        assert c.abs().max() <= c.shape[1] ** -0.5
+    x = torch.randn(9, 20)
+    want = cpu(x)
+    got = dev(x.to("nntile"))
+    assert_close(got.cpu(), want.detach())
+    want.square().sum().backward()
+    got.square().sum().backward()
+    for c, d in zip(cpu.parameters(), dev.parameters()):
+        assert_close(d.grad.cpu(), c.grad, 1e-4)
