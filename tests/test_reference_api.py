@@ -135,3 +135,94 @@ def test_deep_relu_kaiming_init_is_the_same_on_any_device_and_trains_as_cpu():
     got.square().sum().backward()
     for c, d in zip(cpu.parameters(), dev.parameters()):
         assert_close(d.grad.cpu(), c.grad, 1e-4)
+
+
+def _mlp(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize("amsgrad, maximize", [(False, False), (True, True)])
+def test_adam_matches_torch_optim_adam(amsgrad, maximize):
+    from torch_nntile.training import Adam
+
+    ref, cpu, dev = _mlp(), _mlp(), _mlp().to("nntile")
+    kw = dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=amsgrad, maximize=maximize)
+    opts = [torch.optim.Adam(ref.parameters(), **kw), Adam(cpu.parameters(), **kw), Adam(dev.parameters(), **kw)]
+    x = torch.randn(5, 6)
+    for _ in range(3):
+        for model, opt in zip((ref, cpu, dev), opts):
+            model(x.to(next(model.parameters()).device)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for r, c, d in zip(ref.parameters(), cpu.parameters(), dev.parameters()):
+        assert_close(c.detach(), r.detach(), 1e-6)
+        assert_close(d.detach().cpu(), r.detach(), 1e-5)
+
+
+def test_functional_steps_keep_their_state_and_match_the_optimizers():
+    from torch_nntile import training
+
+    for step, cls, kw in ((training.fused_sgd_step, torch.optim.SGD, dict(momentum=0.9)),
+                          (training.fused_adam_step, torch.optim.Adam, dict(weight_decay=0.05)),
+                          (training.fused_adamw_step, torch.optim.AdamW, dict())):
+        ref, dev = _mlp(1), _mlp(1).to("nntile")
+        ref_opt = cls(ref.parameters(), lr=0.05, **({"weight_decay": 0.01} if cls is torch.optim.AdamW else {}), **kw)
+        x = torch.randn(4, 6)
+        opt = None
+        for _ in range(3):
+            ref(x).sum().backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            dev(x.to("nntile")).sum().backward()
+            got = step(list(dev.parameters()), 0.05, optimizer=opt, **kw)
+            assert opt is None or got is opt  # the state carries over
+            opt = got
+            for p in dev.parameters():
+                p.grad = None
+        for r, d in zip(ref.parameters(), dev.parameters()):
+            assert_close(d.detach().cpu(), r.detach(), 1e-5)
+
+
+def test_train_full_batch_step_reference_form_and_weight_helpers():
+    from torch_nntile import training
+
+    ref, dev = _mlp(2), _mlp(2).to("nntile")
+    x, labels = torch.randn(10, 6), torch.randint(0, 3, (10,))
+    before = training.clone_model_weights(dev)
+    assert all(t.device.type == "cpu" for t in before.values())
+    seen = []
+    want = []
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(2):
+        loss = F.cross_entropy(ref(x), labels)
+        want.append(loss.item())
+        loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    xd, ld = x.to("nntile"), labels.to("nntile")
+    got = [training.train_full_batch_step(dev, xd, ld, 0.1),  # the rate in the optimizer's place
+           training.train_full_batch_step(dev, xd, ld, learning_rate=0.1,
+                                          name_axis_groups=lambda a, b: seen.append((a.shape, b.shape)),
+                                          axis_group_tiling={})]
+    assert got == pytest.approx(want, rel=1e-5)
+    assert seen == [(torch.Size([10, 6]), torch.Size([10, 3]))]
+    after = training.clone_model_weights(dev)
+    assert training.max_weight_delta(after, training.clone_model_weights(ref)) < 1e-5
+    assert training.max_weight_delta(before, after) > 0
+    assert training.max_weight_delta({}, {}) == 0.0
+    with pytest.raises(TypeError, match="not both"):
+        training.train_full_batch_step(dev, xd, ld, 0.1, learning_rate=0.1)
+
+
+def test_mse_loss_one_input_form():
+    from torch_nntile.training import mse_loss
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    xd = x.to("nntile")
+    assert mse_loss(xd).item() == pytest.approx(x.square().sum().item(), rel=1e-6)
+    assert mse_loss(xd, scale=0.5).item() == pytest.approx(0.5 * x.square().sum().item(), rel=1e-6)
+    assert mse_loss(xd, 2.0).item() == pytest.approx(2 * x.square().sum().item(), rel=1e-6)
+    assert_close(mse_loss(xd, y.to("nntile")).cpu(), F.mse_loss(x, y))
+    with pytest.raises(TypeError, match="scale= is for the one-input form"):
+        mse_loss(xd, y.to("nntile"), scale=2.0)

@@ -1,4 +1,4 @@
-"""SGD and AdamW whose step updates each parameter with one fused op.
+"""SGD, Adam and AdamW whose step updates each parameter with one fused op.
 
 Each step issues ``torch_nntile::sgd_step`` / ``adamw_step`` per parameter (one graph op
 on nntile, torch ops on CPU tensors). They are ``torch.optim.Optimizer`` subclasses with
@@ -152,16 +152,21 @@ class AdamW(_FusedOptimizer):
                 if step is not None and not (isinstance(step, torch.Tensor) and step.device == where):
                     p_state["step"] = torch.tensor(_number(step), dtype=_scalar_dtype(), device=where)
 
+    _decoupled = True  # weight decay applied to the parameter (AdamW), not added to the gradient (Adam)
+
     def _group_step(self, group: dict[str, Any]) -> None:
         lr, eps, weight_decay = _number(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         beta1, beta2 = (_number(b) for b in group["betas"])
         amsgrad, maximize, capturable = group["amsgrad"], group["maximize"], group.get("capturable", False)
+        l2 = not self._decoupled and weight_decay != 0
         for p in group["params"]:
             grad = p.grad
             if grad is None:
                 continue
             if grad.is_sparse:
                 raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
+            if l2:  # Adam's weight decay: added to the (maximized) gradient, as torch.optim.Adam does
+                grad = torch.add(-grad if maximize else grad, p, alpha=weight_decay)
             state = self.state[p]
             if not state:
                 state["step"] = torch.zeros((), dtype=_scalar_dtype(), device=p.device if capturable else None)
@@ -171,13 +176,27 @@ class AdamW(_FusedOptimizer):
                     state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] += 1
             vmax = state["max_exp_avg_sq"] if amsgrad else None
+            wd, mx = (0.0, False) if l2 else (weight_decay, maximize)
             if capturable:
                 table_optim.adamw_step(p, grad, state["exp_avg"], state["exp_avg_sq"], vmax, lr, beta1, beta2, eps,
-                                       weight_decay, maximize, 0.0, 0.0, state["step"])
+                                       wd, mx, 0.0, 0.0, state["step"])
                 continue
             step_size, bias_correction2_sqrt = bias_corrections(lr, beta1, beta2, state["step"].item())
             table_optim.adamw_step(p, grad, state["exp_avg"], state["exp_avg_sq"], vmax, lr, beta1, beta2, eps,
-                                   weight_decay, maximize, step_size, bias_correction2_sqrt)
+                                   wd, mx, step_size, bias_correction2_sqrt)
 
 
-__all__ = ["AdamW", "SGD"]
+class Adam(AdamW):
+    """``torch.optim.Adam`` (L2 weight decay added to the gradient, AMSGrad, maximize):
+    AdamW's fused update with the decay moved into the gradient first."""
+
+    _decoupled = False
+
+    def __init__(self, params: ParamsT, lr: float | torch.Tensor = 1e-3,
+                 betas: tuple[float | torch.Tensor, float | torch.Tensor] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
+                 capturable: bool = False) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, capturable=capturable)
+
+
+__all__ = ["Adam", "AdamW", "SGD"]
