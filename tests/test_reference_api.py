@@ -226,3 +226,45 @@ def test_mse_loss_one_input_form():
     assert_close(mse_loss(xd, y.to("nntile")).cpu(), F.mse_loss(x, y))
     with pytest.raises(TypeError, match="scale= is for the one-input form"):
         mse_loss(xd, y.to("nntile"), scale=2.0)
+
+
+def test_invalid_tiling_is_a_value_and_a_runtime_error():
+    a = torch.randn(10, 3).to("nntile")
+    torch_nntile.set_axis_group_name(a, {0: "rows_tiling_error"})
+    for exc in (ValueError, RuntimeError, torch_nntile.TilingError):
+        with pytest.raises(exc, match=r"tile sizes \[3, 3\] sum to 6, but the extent is 10"):
+            torch_nntile.set_axis_group_tiling("rows_tiling_error", [3, 3])
+    with pytest.raises(torch_nntile.TilingError, match="tile size must be positive"):
+        torch_nntile.set_axis_group_tiling("rows_tiling_error", 0)
+
+
+def _cpu_error(fn, *args, **kw) -> str:
+    with pytest.raises(RuntimeError) as e:
+        fn(*args, **kw)
+    return str(e.value)
+
+
+def test_errors_say_what_cpu_and_the_reference_say():
+    """CPU's message first (PyTorch is the specification), then the published
+    torch_nntile's words, which its users' tests match."""
+    w = torch.randn(10, 4).to("nntile")
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, but found tensors on cpu "
+                                           r"and nntile:0 .*indices must be on device nntile"):
+        F.embedding(torch.tensor([[1, 2]]), w)
+
+    x, wt, b = torch.randn(2, 5), torch.randn(4, 5), torch.randn(3)
+    want = _cpu_error(F.linear, x, wt, b)
+    with pytest.raises(RuntimeError) as got:
+        F.linear(x.to("nntile"), wt.to("nntile"), b.to("nntile"))
+    assert str(got.value) == f"{want} (linear: bias size 3 does not match the 4 output features)"
+
+    q, m = torch.randn(2, 3, 5, 8), torch.zeros(4, 1, 5, 5, dtype=torch.bool)
+    want = _cpu_error(F.scaled_dot_product_attention, q, q, q, attn_mask=m)
+    with pytest.raises(RuntimeError) as got:
+        qn = q.to("nntile")
+        F.scaled_dot_product_attention(qn, qn, qn, attn_mask=m.to("nntile")).cpu()
+    assert str(got.value).startswith(want) and "does not broadcast" in str(got.value)
+    ok = torch.zeros(2, 1, 5, 5, dtype=torch.bool)
+    qn = q.to("nntile")
+    assert_close(F.scaled_dot_product_attention(qn, qn, qn, attn_mask=ok.to("nntile")).cpu(),
+                 F.scaled_dot_product_attention(q, q, q, attn_mask=ok))

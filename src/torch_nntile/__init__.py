@@ -31,6 +31,7 @@ from torch_nntile import stats as _stats
 from torch_nntile.backend.capture import Captured, CaptureError, capture
 from torch_nntile.backend.device import read as _read
 from torch_nntile.graph import axes as _axes
+from torch_nntile.graph.axes import TilingError
 from torch_nntile.report import (
     dump_graph,
     format_info,
@@ -62,7 +63,8 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "Captured", "CaptureError", "KernelError", "built_with_cuda", "built_with_mpi", "capture", "compile_graph",
+    "Captured", "CaptureError", "KernelError", "TilingError", "built_with_cuda", "built_with_mpi", "capture",
+    "compile_graph",
     "cuda_worker_count", "ddp", "dump_graph", "empty_cache", "execute", "fallback_counts",
     "format_axis_groups",
     "format_info", "format_pending_data_sizes", "has_pending_graph", "info", "init_context", "is_context_initialized",
@@ -214,7 +216,12 @@ def set_axis_group_name(tensor: torch.Tensor, names: dict[int, str]) -> None:
 
 
 def set_axis_group_tiling(name: str, tiling: int | list[int] | tuple[int, ...] | None) -> None:
-    """Tile the named group: a tile size, or a list of sizes summing to its extent; None: one tile."""
+    """Tile the named group: a tile size, or a list of sizes summing to its extent; None: one tile.
+
+    Raises:
+        TilingError: an invalid tiling (both a ``ValueError`` and a ``RuntimeError``).
+        ValueError: no live axis group has that name.
+    """
     if tiling is None:
         _axes.clear_tiling(name)
     else:

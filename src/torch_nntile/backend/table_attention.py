@@ -114,6 +114,25 @@ def _fused_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: to
     return rep == 1 or enable_gqa
 
 
+def _check_mask(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> None:
+    """A mask that does not broadcast to the scores: CPU's error (the composite adds the
+    mask to the scores), saying also what the published torch_nntile's does."""
+    try:
+        scores = (*q.shape[:-1], k.shape[-2])
+    except IndexError:  # not attention at all: the composite raises CPU's error
+        return
+    try:
+        torch.broadcast_shapes(scores, tuple(mask.shape))
+        return
+    except RuntimeError:
+        pass
+    try:  # CPU's words, from the add of two expanded scalars (it fails before allocating)
+        torch.empty(()).expand(scores) + torch.empty(()).expand(mask.shape)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e} (scaled_dot_product_attention: the attention mask of shape {list(mask.shape)} "
+                           f"does not broadcast to the scores' shape {list(scores)})") from None
+
+
 def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                   attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                                   is_causal: bool = False, scale: float | None = None,
@@ -122,6 +141,8 @@ def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value:
     HF's projections need no permuting copy), else ATen's own composite (the math
     path, which validates the call as on CPU)."""
     if not _fused_fits(query, key, value, attn_mask, dropout_p, enable_gqa):
+        if attn_mask is not None:
+            _check_mask(query, key, attn_mask)
         return torch.ops.aten.scaled_dot_product_attention.default.decompose(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     q, k, v = (t.unsqueeze(1) for t in (query, key, value)) if query.dim() == 3 else (query, key, value)

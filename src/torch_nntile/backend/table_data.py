@@ -193,6 +193,9 @@ native.CALLS[torch.index_select] = _index_select_rows
 
 @defop("index_select.default", inplace=False)
 def _index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> DataNode:
+    if not is_nntile(index) and index.dim():  # F.embedding's lookup with CPU ids lands here
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found tensors on {index.device} and "
+                           "nntile:0 (index_select, an embedding's lookup: indices must be on device nntile)")
     x, i = read(self), read(index)
     d = wrap_dim(dim, len(x.shape))
     _check_index(index, "index_select")

@@ -24,8 +24,21 @@ def _mm(self: torch.Tensor, mat2: torch.Tensor) -> DataNode:
     return linalg.mm(a, ta, b, tb, promote(self, mat2))
 
 
+def _check_bias(bias: torch.Tensor, m: int, n: int) -> None:
+    """A linear layer's bias (addmm's ``self``) that cannot broadcast to the ``[m, n]``
+    output: CPU's error, saying also what the published torch_nntile's does (the bias
+    size against the output features)."""
+    if bias.dim() == 1 and bias.shape[0] not in (1, n):
+        try:
+            torch.empty(bias.shape, device="meta").expand(m, n)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e} (linear: bias size {bias.shape[0]} does not match the {n} output features)") from None
+
+
 @defop("addmm.default")
 def _addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Scalar = 1, alpha: Scalar = 1) -> DataNode:
+    if mat1.dim() == 2 and mat2.dim() == 2:
+        _check_bias(self, mat1.shape[0], mat2.shape[1])
     a, ta = read_transposable(mat1)
     b, tb = read_transposable(mat2)
     if beta == 0:

@@ -102,6 +102,11 @@ def live_names() -> list[str]:
     return [n for n, r in _NAMES.items() if r() is not None]
 
 
+class TilingError(ValueError, RuntimeError):
+    """An invalid tiling: a ``ValueError`` (a bad argument), and a ``RuntimeError`` as the
+    published torch_nntile raises it, so that code catching either sees it."""
+
+
 def normalize_tiling(tiling: int | tuple[int, ...] | list[int], extent: int, label: str) -> tuple[int, ...]:
     """Turn a tile size or a list of tile sizes into the tuple of tile sizes.
 
@@ -111,19 +116,19 @@ def normalize_tiling(tiling: int | tuple[int, ...] | list[int], extent: int, lab
     (600, 400)
     """
     if isinstance(tiling, bool):
-        raise ValueError(f"axis group {label}: tiling must be an int or a list of ints")
+        raise TilingError(f"axis group {label}: tiling must be an int or a list of ints")
     if isinstance(tiling, int):
         if tiling <= 0:
-            raise ValueError(f"axis group {label}: tile size must be positive, got {tiling}")
+            raise TilingError(f"axis group {label}: tile size must be positive, got {tiling}")
         if extent == 0:
             return (0,)
         full, rest = divmod(extent, tiling)
         return (tiling,) * full + ((rest,) if rest else ())
     sizes = tuple(int(s) for s in tiling)
     if not sizes or any(s <= 0 for s in sizes):
-        raise ValueError(f"axis group {label}: tile sizes must be positive, got {list(sizes)}")
+        raise TilingError(f"axis group {label}: tile sizes must be positive, got {list(sizes)}")
     if sum(sizes) != extent:
-        raise ValueError(
+        raise TilingError(
             f"axis group {label}: tile sizes {list(sizes)} sum to {sum(sizes)}, "
             f"but the extent is {extent}"
         )
@@ -215,7 +220,7 @@ def tiling_of(root: AxisGroup, cache: dict[AxisGroup, tuple[int, ...]] | None = 
         for n, t in set_for[1:]:
             other = normalize_tiling(t, root.extent, describe(root))
             if other != sizes:
-                raise ValueError(
+                raise TilingError(
                     f"axis group {describe(root)}: ops merged groups tiled differently "
                     f"({set_for[0][0]!r}: {list(sizes)}, {n!r}: {list(other)}); give them one tiling"
                 )
