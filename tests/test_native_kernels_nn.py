@@ -222,7 +222,7 @@ def test_rope_in_c_forward_and_transpose(cos_batch, python_kernels):
     for mode in ("c", "python"):
         python_kernels(mode == "python")
         xn = _tile(x.to("nntile"), {0: [2, 1], 1: [2, 3], 3: [3, 1]}).requires_grad_()
-        y = rope(xn, cos.to("nntile"), sin.to("nntile"))
+        y = rope(x=xn, cos=cos.to("nntile"), sin=sin.to("nntile"))
         y.backward(g.to("nntile"))
         got[mode] = (y.detach().cpu(), xn.grad.cpu())
     python_kernels(False)
@@ -232,7 +232,7 @@ def test_rope_in_c_forward_and_transpose(cos_batch, python_kernels):
         assert_close(c, p, rtol=1e-6)
         assert_close(c, r)
     xn = _tile(x.to("nntile"), {1: [4, 1]}).requires_grad_()
-    y = rope(xn, cos.to("nntile"), sin.to("nntile"))
+    y = rope(x=xn, cos=cos.to("nntile"), sin=sin.to("nntile"))
     y.backward(g.to("nntile"))
     _assert_native(_tasks({"rope_fwd", "rope_bwd"}), native.ROPE)
 

@@ -16,9 +16,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_nntile
 from torch_nntile.nn.attention import sdpa
-from torch_nntile.rope import rope
+from torch_nntile.rope import rope as rope_any_layout
 
 _names = itertools.count()
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The projection layout's rope in its argument order (``rope`` takes ``sin, cos, x``)."""
+    return rope_any_layout(x=x, cos=cos, sin=sin, layout="projection")
 
 
 def _tile(t: torch.Tensor, dims: dict[int, int | list[int]]) -> None:

@@ -16,11 +16,14 @@ from collections.abc import Sequence
 import torch
 from torch.autograd.function import Function, FunctionCtx, once_differentiable
 
-from torch_nntile.nn.attention import sdpa
-from torch_nntile.rope import rope
+from torch_nntile.add_fiber import add_fiber, axpby
+from torch_nntile.gemm import gemm, matmul
+from torch_nntile.nn.attention import sdpa, sdpa_eager
+from torch_nntile.rope import rope, rope_sin_cos_from_position_ids
 
-__all__ = ["cross_entropy", "embedding", "gelu", "gelutanh", "layer_norm", "linear", "mse_loss", "relu", "rms_norm",
-           "rope", "sdpa", "silu", "softmax", "vector_norm"]
+__all__ = ["add", "add_fiber", "cross_entropy", "embedding", "gelu", "gelutanh", "gemm", "layer_norm", "linear",
+           "matmul", "mse_loss", "relu", "rms_norm", "rope", "rope_sin_cos_from_position_ids", "sdpa", "sdpa_eager",
+           "silu", "softmax", "vector_norm"]
 
 _aten = torch.ops.aten
 _own = torch.ops.torch_nntile
@@ -141,15 +144,22 @@ def relu(x: torch.Tensor) -> torch.Tensor:
     return _Relu.apply(x)
 
 
-def gelu(x: torch.Tensor) -> torch.Tensor:
-    """Exact (erf) GELU, as ``F.gelu(x)``: one op forward, one backward. For the tanh
-    approximation (GPT-2's ``gelu_new``) use ``gelutanh``."""
-    return _Gelu.apply(x, "none")
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU as ``F.gelu``: exact (erf) by default, ``approximate="tanh"`` the tanh
+    approximation (GPT-2's ``gelu_new``, also ``gelutanh``). One op forward, one backward."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _Gelu.apply(x, approximate)
 
 
 def gelutanh(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation (``F.gelu(x, approximate="tanh")``)."""
-    return _Gelu.apply(x, "tanh")
+    return gelu(x, "tanh")
+
+
+def add(x: torch.Tensor, y: torch.Tensor, *, alpha: float = 1.0, beta: float = 1.0) -> torch.Tensor:
+    """``alpha * x + beta * y`` (a residual connection), as the published torch_nntile's."""
+    return axpby(x, y, alpha, beta)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:

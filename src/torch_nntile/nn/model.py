@@ -112,7 +112,8 @@ class Attention(nn.Module):
         k = self.k(x).view(b, s, self.head_size, self.n_kv_heads)
         v = self.v(x).view(b, s, self.head_size, self.n_kv_heads)
         if rotary is not None:
-            q, k = F.rope(q, *rotary), F.rope(k, *rotary)
+            cos, sin = rotary
+            q, k = (F.rope(sin, cos, t, layout="projection") for t in (q, k))
         return self.o(self.sdpa(q, k, v).reshape(b, s, self.n_heads * self.head_size))
 
 

@@ -35,7 +35,7 @@ class GELU(nn.GELU):
     """``approximate="tanh"`` is GPT-2's ``gelu_new``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelutanh(x) if self.approximate == "tanh" else F.gelu(x)
+        return F.gelu(x, self.approximate)
 
 
 class SiLU(nn.SiLU):
@@ -79,15 +79,23 @@ class Embedding(nn.Embedding):
 
 class SDPA(nn.Module):
     """Scaled dot-product attention over projections in the layout
-    ``[batch, seq, head_size, n_heads]`` (see ``functional.sdpa``)."""
+    ``[batch, seq, head_size, n_heads]`` (see ``functional.sdpa``). A ``mask`` or another
+    ``batch_ndim`` (the published torch_nntile's arguments) runs ``functional.sdpa_eager``,
+    which takes neither ``is_causal`` nor ``scale``."""
 
-    def __init__(self, is_causal: bool = False, scale: float | None = None) -> None:
+    def __init__(self, is_causal: bool = False, scale: float | None = None, *, batch_ndim: int = 2) -> None:
         super().__init__()
         self.is_causal = is_causal
         self.scale = scale
+        self.batch_ndim = batch_ndim
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.sdpa(q, k, v, is_causal=self.is_causal, scale=self.scale)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is None and self.batch_ndim == 2:
+            return F.sdpa(q, k, v, is_causal=self.is_causal, scale=self.scale)
+        if self.is_causal or self.scale is not None:
+            raise ValueError("SDPA: a mask or batch_ndim other than 2 takes neither is_causal nor scale")
+        return F.sdpa_eager(q, k, v, mask, batch_ndim=self.batch_ndim)
 
     def extra_repr(self) -> str:
         return f"is_causal={self.is_causal}, scale={self.scale}"
