@@ -82,7 +82,8 @@ def rope(sin: torch.Tensor, cos: torch.Tensor, x: torch.Tensor, *, layout: str |
     """``x`` rotated by the angles whose sines and cosines are given (see the module).
 
     Args:
-        sin, cos: the angles' sines and cosines, one shape (constants: no gradient).
+        sin: the angles' sines (a constant: no gradient).
+        cos: their cosines, of sin's shape.
         x: the queries or keys.
         layout: ``"pairs"`` or ``"projection"``; None picks the one the shapes fit.
 

@@ -44,8 +44,10 @@ def sdpa_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     ``1 / sqrt(head_size)``, as the published torch_nntile's ``nn.sdpa_eager``.
 
     Args:
-        q, k, v: on nntile; ``batch_ndim`` counts the batch axes and the heads axis (2:
-            ``[batch, seq, head_size, n_heads]``); k and v may have fewer heads (``sdpa``).
+        q: the queries, on nntile; ``batch_ndim`` counts the batch axes and the heads
+            axis (2: ``[batch, seq, head_size, n_heads]``).
+        k: the keys, laid out as q; they may have fewer heads (``sdpa``).
+        v: the values, laid out as k.
         mask: None, or bool ``[seq_q, seq_k]`` on nntile (or broadcasting to ``[batch,
             n_heads, seq_q, seq_k]``): True where a query may attend to a key.
 
