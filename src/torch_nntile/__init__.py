@@ -64,8 +64,7 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 __all__ = [
     "Captured", "CaptureError", "KernelError", "TilingError", "built_with_cuda", "built_with_mpi", "capture",
-    "compile_graph",
-    "cuda_worker_count", "ddp", "dump_graph", "empty_cache", "execute", "fallback_counts",
+    "compile_graph", "cuda_worker_count", "ddp", "dump_graph", "empty_cache", "execute", "fallback_counts",
     "format_axis_groups",
     "format_info", "format_pending_data_sizes", "has_pending_graph", "info", "init_context", "is_context_initialized",
     "is_cpu_fallback_enabled", "metrics", "metrics_report",
@@ -132,8 +131,7 @@ def init_context(ncpu: int | None = None, ncuda: int | None = None, cpu_fallback
 
 def is_context_initialized() -> bool:
     """Whether a context is running (``init_context``, or started by the first op)."""
-    rt = _S.rt
-    return rt is not None and rt.alive
+    return _S.live_runtime() is not None
 
 
 def is_cpu_fallback_enabled() -> bool:
@@ -165,10 +163,10 @@ def ddp(axis: str = "batch") -> None:
     """
     rt = _S.runtime()
     extent = _axes.group_by_name(axis).extent
-    parts = max(1, min((rt.ncpu + rt.ncuda) * rt.world_size, extent))
     if extent == 0:
         _axes.set_tiling(axis, 1)
         return
+    parts = min((rt.ncpu + rt.ncuda) * rt.world_size, extent)
     base, extra = divmod(extent, parts)
     _axes.set_tiling(axis, [base + (i < extra) for i in range(parts)])
 
@@ -263,14 +261,14 @@ def restrict_cpu() -> None:
 def rank() -> int:
     """This process's rank among the processes ``mpirun`` (or ``python -m
     torch_nntile.launch``) started, 0 outside one. Each rank runs the same program."""
-    rt = _S.rt
-    return rt.rank if rt is not None and rt.alive else launch_rank_size()[0]
+    rt = _S.live_runtime()
+    return rt.rank if rt is not None else launch_rank_size()[0]
 
 
 def world_size() -> int:
     """How many processes ``mpirun`` started (1 outside one)."""
-    rt = _S.rt
-    return rt.world_size if rt is not None and rt.alive else launch_rank_size()[1]
+    rt = _S.live_runtime()
+    return rt.world_size if rt is not None else launch_rank_size()[1]
 
 
 def built_with_mpi() -> bool:

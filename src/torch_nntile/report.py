@@ -36,8 +36,7 @@ _PHASE_LABELS = {
 
 def _live_runtime() -> Any:
     """The running runtime, or None: reports never start (or restart) StarPU."""
-    rt = SESSION_STATE.rt
-    return rt if rt is not None and rt.alive else None
+    return SESSION_STATE.live_runtime()
 
 
 def _dry_run() -> str | None:

@@ -117,7 +117,7 @@ class Session:
         if ncpu is None or ncpu == -1:  # -1: every core, as the reference's default
             ncpu = default_ncpu()
         config = (ncpu, scheduler, ooc, ncuda)
-        if self.rt is not None and self.rt.alive:
+        if self.live_runtime() is not None:
             if config != self.config:
                 raise RuntimeError(
                     f"init_context: the torch_nntile context is already initialized with ncpu={self.config[0]}, "
@@ -137,7 +137,7 @@ class Session:
         if verbose:
             rt = self.rt
             print(f"torch_nntile: StarPU started with {rt.ncpu} CPU and {rt.ncuda} CUDA worker(s), scheduler "
-                  f"{scheduler or ('dmdas' if rt.ncuda else 'lws')}, rank {rt.rank} of {rt.world_size}, "
+                  f"{rt.scheduler}, rank {rt.rank} of {rt.world_size}, "
                   f"{'eager' if self.eager else 'graph'} mode, CPU fallback {'on' if cpu_fallback else 'off'}"
                   + (f", out of core {ooc}" if ooc is not None else ""), flush=True)
 
@@ -145,7 +145,16 @@ class Session:
         """Eager (every op flushed and waited for) or graph mode; None keeps the current one."""
         if eager is not None:
             self.eager = eager
-            self.flush_ops = 1 if eager else FLUSH_OPS
+            self._reset_flush()
+
+    def _reset_flush(self) -> None:
+        """Flush early again after ``FLUSH_OPS`` ops (after every op in eager mode)."""
+        self.flush_ops = 1 if self.eager else FLUSH_OPS
+
+    def live_runtime(self) -> Runtime | None:
+        """The running runtime, or None (nothing is started)."""
+        rt = self.rt
+        return rt if rt is not None and rt.alive else None
 
     def runtime(self) -> Runtime:
         rt = self.rt
@@ -159,7 +168,7 @@ class Session:
     def compile(self) -> None:
         """Lower the pending graph into tile tasks (nothing runs yet)."""
         with self.lock:
-            self.flush_ops = 1 if self.eager else FLUSH_OPS
+            self._reset_flush()
             self._compile()
 
     def flush_early(self) -> None:
@@ -170,7 +179,7 @@ class Session:
         without this, at the next compile the program asks for (the graph stays
         pending, and recording stops flushing early until then)."""
         with self.lock:
-            if self.rt is None or not self.rt.alive:
+            if self.live_runtime() is None:
                 return
             if self.eager:  # a debugging mode: the op's own errors, kernel ones too, raise at the op
                 self.execute()
@@ -300,7 +309,7 @@ class Session:
         """Submit what is pending and wait for everything (no value is lost), then forget
         the tilings and distributions set and the lowered steps kept for reuse."""
         with self.lock:
-            if self.rt is not None and self.rt.alive:
+            if self.live_runtime() is not None:
                 self.execute()
                 self.wait()
                 self.steps = StepCache()
@@ -311,7 +320,7 @@ class Session:
         with self.lock:
             SESSION.take()
             self.compiled = None
-            if self.rt is not None and self.rt.alive:
+            if self.live_runtime() is not None:
                 self.generation += 1
                 self.shut_down = True
                 self.steps = None

@@ -90,8 +90,8 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
         try:
             # CUDA workers next to CPU ones: a scheduler that weighs where a task runs best
             # and what its tiles' moves cost; CPU workers alone: locality work stealing.
-            default = "dmdas" if ncuda else "lws"
-            rc = self.lib.tnt_init(ncpu, ncuda, (scheduler or default).encode(), nice, int(mpi))
+            self.scheduler = scheduler or ("dmdas" if ncuda else "lws")
+            rc = self.lib.tnt_init(ncpu, ncuda, self.scheduler.encode(), nice, int(mpi))
         finally:
             if ooc is not None:
                 if limit is None:

@@ -5,6 +5,7 @@ Python kernel on tensors viewing its tiles. See docs/architecture/kernels.md.
 
 from __future__ import annotations
 
+import itertools
 import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -230,13 +231,10 @@ class Submission:
                 for key in range(key0 + out[0], key0 + n):
                     _CLOSURES.pop(key, None)
             if here:  # another rank runs these: their kernels are not called here
-                for i, _fn, _specs, _name in b.closures:
+                kept = itertools.chain((c[0] for c in b.closures), b.ew_at if self.ncuda else ())
+                for i in kept:
                     if i < out[0] and not here[i]:
                         _CLOSURES.pop(key0 + i, None)
-                if self.ncuda:
-                    for i in b.ew_at:
-                        if i < out[0] and not here[i]:
-                            _CLOSURES.pop(key0 + i, None)
         if done < n:
             tasks = b.tasks(handles)
             name = tasks[done][4]
@@ -246,10 +244,9 @@ class Submission:
 
     def cuda_info(self) -> dict[str, Any] | None:
         """With CUDA workers: how many, their GPUs, and the tasks they ran so far (of
-        those stats has collected: call after a wait); None without any."""
+        those stats has collected: ``info()`` collects first); None without any."""
         if not self.ncuda:
             return None
-        stats.collect()
         workers = [w for w, d in enumerate(_CUDA_DEVICE) if d >= 0]
         return {"workers": len(workers), "devices": sorted({_CUDA_DEVICE[w] for w in workers}),
                 "tasks": sum(c for w in workers for c, _s in stats.KERNELS[w].values())}

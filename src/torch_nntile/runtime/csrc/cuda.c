@@ -48,17 +48,16 @@ static int64_t *tnt_ran_in_c;
 static int64_t tnt_nran, tnt_ran_cap;
 static starpu_pthread_mutex_t tnt_ran_lock = STARPU_PTHREAD_MUTEX_INITIALIZER;
 
+/* Called by tnt_ew_func only while tnt_cuda_on. */
 void tnt_cuda_ran_in_c(int64_t key)
 {
-    if (!tnt_cuda_on)
-        return;
     STARPU_PTHREAD_MUTEX_LOCK(&tnt_ran_lock);
     if (tnt_nran == tnt_ran_cap) {
         int64_t cap = tnt_ran_cap ? 2 * tnt_ran_cap : 4096;
         int64_t *p = realloc(tnt_ran_in_c, (size_t)cap * sizeof(*p));
         if (p) { tnt_ran_in_c = p; tnt_ran_cap = cap; }
     }
-    if (tnt_nran < tnt_ran_cap)  /* else lost: its kernel is dropped at the next full wait */
+    if (tnt_nran < tnt_ran_cap)  /* else (no memory) its Python kernel stays until the context stops */
         tnt_ran_in_c[tnt_nran++] = key;
     STARPU_PTHREAD_MUTEX_UNLOCK(&tnt_ran_lock);
 }
