@@ -1,23 +1,23 @@
-"""torch_nntile.nn.model / module / weight_layout against HF transformers and torch.nn."""
+"""torch_nntile.nn.model and module against HF transformers and torch.nn."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as TF
-from conftest import assert_close, rel_err
+from conftest import assert_close
+from hf_parity import check_lm_against_hf, spread_norms_and_biases_, token_ids
 
 import torch_nntile
 from torch_nntile.nn import module as M
-from torch_nntile.nn import weight_layout
-from torch_nntile.nn.model import GPT2, DeepReLU, Llama
+from torch_nntile.nn.model import GPT2, DeepReLU, Llama, gpt2_hf_loader, llama_hf_loader
+from torch_nntile.nn.model.common import fill_tied_head
 
 transformers = pytest.importorskip("transformers")
-
-RTOL = 1e-4  # the issue's bound for our models against HF's
 
 
 def _hf_gpt2(**kw) -> torch.nn.Module:
@@ -34,67 +34,23 @@ def _hf_llama(**kw) -> torch.nn.Module:
                 attn_implementation="eager")
     args.update(kw)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**args)).eval()
-    with torch.no_grad():  # HF initialises norms to ones: make them matter
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-def _loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    return TF.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-
-
-def _check_against_hf(hf: torch.nn.Module, ours: torch.nn.Module, ids: torch.Tensor, to_hf, tiles=None) -> None:
-    """Our logits and gradients (mapped to HF's names and layout) against HF's, on CPU."""
-    want = hf(ids).logits
-    _loss(want, ids).backward()
-    dev = next(ours.parameters()).device
-    ids_d = ids.to(dev)
-    if dev.type == "nntile" and tiles:
-        torch_nntile.set_axis_group_name(ids_d, {0: "batch", 1: "seq"})
-        for name, t in tiles.items():
-            torch_nntile.set_axis_group_tiling(name, t)
-    got = ours(ids_d)
-    _loss(got, ids_d).backward()
-    assert rel_err(got.cpu(), want) <= RTOL
-    grads = to_hf({n: p.grad.cpu() for n, p in ours.named_parameters()})
-    for name, p in hf.named_parameters():
-        err = rel_err(grads[name], p.grad)
-        assert err <= RTOL, (name, err)
+    return spread_norms_and_biases_(transformers.LlamaForCausalLM(transformers.LlamaConfig(**args)).eval(), "norm")
 
 
 def _gpt2_grads_to_hf(model: GPT2):
-    return lambda g: weight_layout.gpt2_to_hf(g, model.config.n_head)
+    return lambda g: gpt2_hf_loader.gpt2_state_dict_to_hf(g, model.config.n_head)
 
 
 def _llama_grads_to_hf(model: Llama):
-    c = model.config
-
-    def conv(g):
-        sd = weight_layout.llama_to_hf(g, c.num_attention_heads, c.num_key_value_heads)
-        if model.lm_head is None:
-            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
-        return sd
-    return conv
+    c = model.config  # a tied head's gradient is the embedding's
+    return lambda g: fill_tied_head(llama_hf_loader.llama_state_dict_to_hf(g, c.num_attention_heads, c.num_key_value_heads),
+                                    "lm_head.weight", "model.embed_tokens.weight")
 
 
-def _ids(batch: int = 3, seq: int = 12) -> torch.Tensor:
-    return torch.randint(0, 97, (batch, seq), generator=torch.Generator().manual_seed(1))
+_ids = functools.partial(token_ids, 97)
 
 
 # -- weight layout -----------------------------------------------------------------
-
-
-def test_heads_layout_round_trip_and_order():
-    w = torch.arange(24.0).reshape(6, 4)  # 3 heads of size 2, HF order: rows h * 2 + d
-    ours = weight_layout.heads_to_ours(w, 3)
-    assert torch.equal(ours[1], w[2])  # ours: row d * 3 + h; ours[1] is (d=0, h=1) = HF row 1 * 2 + 0
-    assert torch.equal(weight_layout.heads_to_hf(ours, 3), w)
-    assert torch.equal(weight_layout.heads_to_hf(weight_layout.heads_to_ours(w, 2, dim=1), 2, dim=1), w)
-    with pytest.raises(ValueError, match="does not split into 4 heads"):
-        weight_layout.heads_to_ours(w, 4)
 
 
 def test_gpt2_state_dict_round_trip():
@@ -133,26 +89,26 @@ def test_llama_state_dict_round_trip():
 def test_gpt2_matches_hf(device):
     hf = _hf_gpt2()
     ours = GPT2.from_hf(hf).to(device)
-    _check_against_hf(hf, ours, _ids(), _gpt2_grads_to_hf(ours))
+    check_lm_against_hf(hf, ours, _ids(), _gpt2_grads_to_hf(ours))
 
 
 def test_gpt2_matches_hf_tiled():
     hf = _hf_gpt2(activation_function="gelu")
     ours = GPT2.from_hf(hf).to("nntile")
-    _check_against_hf(hf, ours, _ids(batch=5), _gpt2_grads_to_hf(ours), tiles={"batch": [2, 3]})
+    check_lm_against_hf(hf, ours, _ids(batch=5), _gpt2_grads_to_hf(ours), tiles={"batch": [2, 3]})
 
 
 @pytest.mark.parametrize("device", ["cpu", "nntile"])
 def test_llama_matches_hf(device):
     hf = _hf_llama()
     ours = Llama.from_hf(hf).to(device)
-    _check_against_hf(hf, ours, _ids(), _llama_grads_to_hf(ours))
+    check_lm_against_hf(hf, ours, _ids(), _llama_grads_to_hf(ours))
 
 
 def test_llama_matches_hf_tiled_tied_full_heads():
     hf = _hf_llama(tie_word_embeddings=True, num_key_value_heads=4, attention_bias=True, mlp_bias=True)
     ours = Llama.from_hf(hf).to("nntile")
-    _check_against_hf(hf, ours, _ids(batch=4), _llama_grads_to_hf(ours), tiles={"batch": 3})
+    check_lm_against_hf(hf, ours, _ids(batch=4), _llama_grads_to_hf(ours), tiles={"batch": 3})
 
 
 def test_model_config_errors():
@@ -241,3 +197,14 @@ def test_models_alias_and_no_transformers_import():
     code = ("import sys, torch_nntile.nn, torch_nntile.models, torch_nntile.training; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("make", [lambda: M.Linear(3, 4), lambda: M.LayerNorm(3), lambda: M.RMSNorm(3)])
+def test_module_moves_to_nntile_while_a_cpu_graph_lives(make):
+    """As stock layers: a CPU forward's graph keeps no reference that stops ``.to``."""
+    m = make()
+    x = torch.randn(2, 3, requires_grad=True)
+    want = m(x)
+    m.to("nntile")
+    assert m.weight.device.type == "nntile"
+    assert_close(m(x.detach().to("nntile")).cpu(), want.detach())

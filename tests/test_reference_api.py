@@ -99,9 +99,19 @@ def test_ddp_splits_the_group_per_worker(extent, want):
     assert_close((torch.relu(a @ b)).cpu(), torch.relu(x @ w))
 
 
-def test_ddp_unknown_group_raises():
-    with pytest.raises(ValueError, match="unknown axis group name 'no_such_group'"):
-        torch_nntile.ddp(axis="no_such_group")
+def test_ddp_before_the_group_exists_and_a_second_axis():
+    torch_nntile.ddp("batch_later")  # as the reference's scripts: before any tensor has the name
+    torch_nntile.ddp("batch_later")  # the same axis again changes nothing
+    with pytest.raises(RuntimeError, match="already enabled over axis 'batch_later'"):
+        torch_nntile.ddp("hidden")
+    x, w = torch.randn(5, 6), torch.randn(6, 4)
+    a = x.to("nntile")
+    torch_nntile.set_axis_group_name(a, {0: "batch_later"})
+    row = next(r for r in torch_nntile.format_axis_groups().splitlines() if r.split()[0] == "batch_later")
+    assert row.endswith("2 tiles [3, 2]"), row
+    assert_close((a @ w.to("nntile")).cpu(), x @ w)
+    torch_nntile.set_axis_group_tiling("batch_later", 5)  # a tiling replaces the split
+    torch_nntile.ddp("hidden")
 
 
 def test_deep_relu_presets_and_attributes():

@@ -72,6 +72,7 @@ __all__ = [
     "reset_graph_session", "restore_where", "restrict_cpu", "restrict_cuda", "run", "set_axis_group_distribution",
     "set_axis_group_name", "set_axis_group_tiling", "shutdown_context",
     "start_trace", "stop_trace", "TileMemoryError", "trace", "wait", "world_size",
+    "BUILT_WITH_CUDA", "NNTILE_NATIVE_OPS", "TORCH_NATIVE_OPS", "device", "record_nntile_seconds", "wait_for_all",
 ]
 
 _import_shim()  # the StarPU shim, and on the CUDA build NVIDIA's libraries: a clear error now, not at the first op
@@ -154,21 +155,21 @@ def reset_graph_session() -> None:
 def ddp(axis: str = "batch") -> None:
     """Data parallelism over the named axis group: split it into one tile per worker
     (CPU and CUDA) of every process, as evenly as its extent allows (fewer where it is
-    shorter). The split shows in ``format_axis_groups()``; a later
-    ``set_axis_group_tiling`` replaces it. Over several processes the tiles spread
+    shorter). It applies to the groups of that name now and to those recorded later, so
+    it may come before the first op; the split shows in ``format_axis_groups()``, and a
+    later ``set_axis_group_tiling`` replaces it. Over several processes the tiles spread
     over the ranks (``set_axis_group_distribution``), each rank's over its workers.
+    Asking again for the same axis changes nothing.
 
     Raises:
-        ValueError: no live axis group has that name.
+        RuntimeError: data parallelism is already enabled over another axis.
     """
     rt = _S.runtime()
-    extent = _axes.group_by_name(axis).extent
-    if extent == 0:
-        _axes.set_tiling(axis, 1)
-        return
-    parts = min((rt.ncpu + rt.ncuda) * rt.world_size, extent)
-    base, extra = divmod(extent, parts)
-    _axes.set_tiling(axis, [base + (i < extra) for i in range(parts)])
+    other = [n for n in _axes.split_names() if n != axis]
+    if other:
+        raise RuntimeError(f"torch_nntile.ddp: data parallelism is already enabled over axis {other[0]!r}; "
+                           f"it splits one axis (asked for {axis!r})")
+    _axes.set_split(axis, (rt.ncpu + rt.ncuda) * rt.world_size)
 
 
 def shutdown_context() -> None:
@@ -310,6 +311,26 @@ def empty_cache() -> None:
     """Free the tile memory kept for reuse: dead tiles' buffers, held (like PyTorch's
     CUDA caching allocator) for new tiles of the same size in the next steps."""
     _S.empty_cache()
+
+
+def record_nntile_seconds() -> float:
+    """Seconds spent recording ops into the graph since the last ``reset_info``: the
+    ``record`` phase of ``info()``, under the published torch_nntile's name."""
+    return float(info()["phases"].get("record", {}).get("seconds", 0.0))
+
+
+def _set_axis_group_tiling(name: str, tile_sizes: int | list[int] | tuple[int, ...] | None) -> None:
+    """``set_axis_group_tiling`` under the published torch_nntile's private name."""
+    set_axis_group_tiling(name, tile_sizes)
+
+
+# the published torch_nntile's names: the device, its wait, and its build flags (stock
+# ops run on nntile, and so do the package's own ``nn.functional`` ops)
+device = torch.device("nntile")
+wait_for_all = wait
+BUILT_WITH_CUDA = _built_with_cuda()
+TORCH_NATIVE_OPS = True
+NNTILE_NATIVE_OPS = True
 
 
 def fallback_counts() -> dict[str, int]:

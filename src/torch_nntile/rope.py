@@ -12,7 +12,7 @@ One op, two layouts of its operands (``layout=``; None: told apart by the shapes
 Both run one autograd function: forward and backward each record one op
 (``torch_nntile::rope_fwd`` / ``rope_bwd``); on CPU tensors they run eagerly. A pair is
 the projection layout's head_size of 2, so ``"pairs"`` views x as ``[1, pairs, 2, 1]``
-(free) and only sin and cos are expanded. Gradients flow to x only.
+(free) and only sin and cos are expanded (``angles_per_channel``). Gradients flow to x only.
 """
 
 from __future__ import annotations
@@ -65,16 +65,25 @@ def _layout(sin: torch.Tensor, x: torch.Tensor, layout: str | None) -> str:
     return fits[0] if fits else "projection" if x.dim() == 4 else "pairs"
 
 
+def angles_per_channel(t: torch.Tensor, keep: int = 0) -> torch.Tensor:
+    """Angles (or their sines or cosines) ``[..., n]``, one per channel pair, as the
+    per-channel table ``[*t.shape[:keep], m, 2]`` (each angle twice, the axes from
+    ``keep`` on flattened into ``m``): what the projection layout takes to turn
+    interleaved pairs seen as heads of size 2 (``[batch, m, 2, heads]``, a free view).
+
+    Args:
+        t: the per-pair values.
+        keep: leading axes kept as they are (a batch axis the table broadcasts over).
+    """
+    return t.unsqueeze(-1).expand(*t.shape, 2).reshape(*t.shape[:keep], -1, 2)
+
+
 def _pairs(sin: torch.Tensor, cos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if not (_fits_pairs(sin, x) and sin.shape == cos.shape):
         raise ValueError(f"rope: sin and cos must have one shape broadcasting to x's leading dims with head_dim // 2 "
                          f"last, got sin {list(sin.shape)}, cos {list(cos.shape)} for x {list(x.shape)}")
     half = (*x.shape[:-1], x.shape[-1] // 2)
-
-    def per_element(t: torch.Tensor) -> torch.Tensor:  # [n_pairs, 2]: each pair's angle twice
-        return t.expand(half).unsqueeze(-1).expand(*half, 2).reshape(-1, 2)
-
-    y = _Rope.apply(x.reshape(1, -1, 2, 1), per_element(cos), per_element(sin))
+    y = _Rope.apply(x.reshape(1, -1, 2, 1), angles_per_channel(cos.expand(half)), angles_per_channel(sin.expand(half)))
     return y.reshape(x.shape)
 
 
@@ -117,4 +126,4 @@ def rope_sin_cos_from_position_ids(position_ids: torch.Tensor, head_dim: int, *,
     return (torch.cat([sin, sin.new_zeros(pad)], -1), torch.cat([cos, cos.new_ones(pad)], -1))
 
 
-__all__ = ["rope", "rope_sin_cos_from_position_ids"]
+__all__ = ["angles_per_channel", "rope", "rope_sin_cos_from_position_ids"]

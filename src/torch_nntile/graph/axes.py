@@ -9,6 +9,7 @@ tile sizes per group, derived by ``normalize_tiling``.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 
 class AxisGroup:
@@ -44,8 +45,16 @@ class AxisGroup:
 _ALL: weakref.WeakSet[AxisGroup] = weakref.WeakSet()
 # Name -> the group most recently given that name.
 _NAMES: dict[str, weakref.ref[AxisGroup]] = {}
-# Name -> tiling (tuple of tile sizes, or an int tile size).
-_TILINGS: dict[str, int | tuple[int, ...]] = {}
+@dataclass(frozen=True)
+class Split:
+    """A tiling into ``parts`` tiles as even as the extent allows (fewer where it is
+    shorter): data parallelism's, which may be set before any group has the name."""
+
+    parts: int
+
+
+# Name -> tiling (tuple of tile sizes, an int tile size, or a Split).
+_TILINGS: dict[str, int | tuple[int, ...] | Split] = {}
 # Name -> how its tiles map to the ranks of an MPI world: "cyclic", "block", "none", or a
 # rank per tile. A tiled group without one is "cyclic" (tiling/distribution.py).
 _DISTRIBUTIONS: dict[str, str | tuple[int, ...]] = {}
@@ -107,7 +116,7 @@ class TilingError(ValueError, RuntimeError):
     published torch_nntile raises it, so that code catching either sees it."""
 
 
-def normalize_tiling(tiling: int | tuple[int, ...] | list[int], extent: int, label: str) -> tuple[int, ...]:
+def normalize_tiling(tiling: int | tuple[int, ...] | list[int] | Split, extent: int, label: str) -> tuple[int, ...]:
     """Turn a tile size or a list of tile sizes into the tuple of tile sizes.
 
     >>> normalize_tiling(256, 1000, "batch")
@@ -117,6 +126,10 @@ def normalize_tiling(tiling: int | tuple[int, ...] | list[int], extent: int, lab
     """
     if isinstance(tiling, bool):
         raise TilingError(f"axis group {label}: tiling must be an int or a list of ints")
+    if isinstance(tiling, Split):
+        n = max(1, min(tiling.parts, extent))
+        base, extra = divmod(extent, n)
+        return tuple(base + (i < extra) for i in range(n))
     if isinstance(tiling, int):
         if tiling <= 0:
             raise TilingError(f"axis group {label}: tile size must be positive, got {tiling}")
@@ -144,6 +157,18 @@ def set_tiling(name: str, tiling: int | list[int] | tuple[int, ...]) -> None:
     g = group_by_name(name)
     sizes = normalize_tiling(tiling, g.extent, repr(name))
     _TILINGS[name] = tiling if isinstance(tiling, int) else sizes
+
+
+def set_split(name: str, parts: int) -> None:
+    """Tile every group named ``name``, now or created later, into ``parts`` even tiles."""
+    if parts < 1:
+        raise TilingError(f"axis group {name!r}: a split needs at least one part, got {parts}")
+    _TILINGS[name] = Split(parts)
+
+
+def split_names() -> list[str]:
+    """The names tiled by ``set_split`` (and not tiled otherwise since)."""
+    return [n for n, t in _TILINGS.items() if isinstance(t, Split)]
 
 
 def set_distribution(name: str, rule: str | list[int] | tuple[int, ...] | None) -> None:

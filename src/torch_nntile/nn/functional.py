@@ -18,12 +18,14 @@ from torch.autograd.function import Function, FunctionCtx, once_differentiable
 
 from torch_nntile.add_fiber import add_fiber, axpby
 from torch_nntile.gemm import gemm, matmul
-from torch_nntile.nn.attention import sdpa, sdpa_eager
+from torch_nntile.nn.attention import sdpa, sdpa_eager, sdpa_kernel
 from torch_nntile.rope import rope, rope_sin_cos_from_position_ids
+from torch_nntile.sum_slice import gap, sum_slice
 
-__all__ = ["add", "add_fiber", "cross_entropy", "embedding", "gelu", "gelutanh", "gemm", "layer_norm", "linear",
-           "matmul", "mse_loss", "relu", "rms_norm", "rope", "rope_sin_cos_from_position_ids", "sdpa", "sdpa_eager",
-           "silu", "softmax", "vector_norm"]
+__all__ = ["add", "add_fiber", "apply_nntile_patches", "cross_entropy", "embedding", "gap", "gelu", "gelutanh", "gemm",
+           "layer_norm", "linear", "matmul", "mse_loss", "mul", "mul_scalar", "relu", "rms_norm", "rope",
+           "rope_sin_cos_from_position_ids", "sdpa", "sdpa_eager", "sdpa_kernel", "silu", "softmax", "sum_slice",
+           "vector_norm"]
 
 _aten = torch.ops.aten
 _own = torch.ops.torch_nntile
@@ -47,6 +49,13 @@ def _c_name(dt: torch.dtype) -> str:
             torch.bfloat16: "c10::BFloat16"}.get(dt, str(dt).removeprefix("torch."))
 
 
+def _param(t: torch.Tensor | None) -> torch.Tensor | None:
+    """What a backward keeps of a parameter: its data under a new tensor, so that
+    ``Module.to`` (which swaps a parameter only while nothing else holds it, as with a
+    move to nntile) still works while a CPU forward's graph is alive, as stock layers do."""
+    return None if t is None else t.detach()
+
+
 def _shape(normalized_shape: int | Sequence[int]) -> list[int]:
     return [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
 
@@ -67,7 +76,7 @@ class _Linear(Function):
                                f"{_c_name(weight.dtype)}")
         x2 = _rows(x, x.shape[-1])
         y = _aten.mm(x2, weight.t()) if bias is None else _aten.addmm(bias, x2, weight.t())
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x, _param(weight))
         ctx.bias_shape = None if bias is None else bias.shape
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -162,6 +171,23 @@ def add(x: torch.Tensor, y: torch.Tensor, *, alpha: float = 1.0, beta: float = 1
     return axpby(x, y, alpha, beta)
 
 
+def mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a * b`` elementwise (broadcasting), as the published torch_nntile's."""
+    return a * b
+
+
+def mul_scalar(input: torch.Tensor, scalar: float) -> torch.Tensor:
+    """``scalar * input``, as the published torch_nntile's."""
+    return input * float(scalar)
+
+
+def apply_nntile_patches() -> None:
+    """Kept so scripts written for the published torch_nntile run: there it swaps stock
+    ``F.rms_norm``, ``F.cross_entropy`` and ``torch.linalg.vector_norm`` for its own. Here
+    the stock functions already run on nntile tensors, recorded into the graph with
+    CPU's numbers, so nothing needs replacing and this changes nothing."""
+
+
 def silu(x: torch.Tensor) -> torch.Tensor:
     """``x * sigmoid(x)``, as ``F.silu`` (Llama's MLP activation): one op forward, one
     backward."""
@@ -176,7 +202,7 @@ class _LayerNorm(Function):
     def forward(ctx: FunctionCtx, x: torch.Tensor, shape: list[int], weight: torch.Tensor | None,
                 bias: torch.Tensor | None, eps: float) -> torch.Tensor:
         y, mean, rstd = _aten.native_layer_norm(x, shape, weight, bias, eps)
-        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.save_for_backward(x, _param(weight), _param(bias), mean, rstd)
         ctx.shape = shape
         return y
 
@@ -195,7 +221,7 @@ class _RmsNorm(Function):
     def forward(ctx: FunctionCtx, x: torch.Tensor, shape: list[int], weight: torch.Tensor | None,
                 eps: float) -> torch.Tensor:
         y, rstd = _own.rms_norm(x, shape, weight, eps)
-        ctx.save_for_backward(x, weight, rstd)
+        ctx.save_for_backward(x, _param(weight), rstd)
         ctx.shape = shape
         return y
 
