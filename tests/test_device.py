@@ -139,9 +139,9 @@ def test_axis_groups_report():
     y = (x * 2).sum(1)
     torch_nntile.set_axis_group_tiling("rows", [10, 6])
     text = torch_nntile.format_axis_groups()
-    line = next(ln for ln in text.splitlines() if ln.startswith("rows"))
-    assert "16" in line and "2 tiles [10, 6]" in line
-    assert next(ln for ln in text.splitlines() if ln.startswith("cols")).split()[1] == "6"
+    line = next(ln for ln in text.splitlines() if ln.startswith("name='rows' "))
+    assert "extent=16" in line and line.endswith(" pending_ntiles=2 pending_tiles=10,6"), line
+    assert next(ln for ln in text.splitlines() if ln.startswith("name='cols' ")).split()[1] == "extent=6"
     assert_close(y.cpu(), (x.cpu() * 2).sum(1))
 
 

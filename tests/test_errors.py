@@ -41,8 +41,8 @@ def test_a_tiling_outlives_its_groups_until_cleared():
     torch_nntile.set_axis_group_tiling("gone_rows", None)
     y = torch.randn(8, 3).to("nntile")
     torch_nntile.set_axis_group_name(y, {0: "gone_rows"})
-    rows = [line for line in torch_nntile.format_axis_groups().splitlines() if line.startswith("gone_rows")]
-    assert rows and all(line.endswith("untiled") for line in rows), rows
+    rows = [line for line in torch_nntile.format_axis_groups().splitlines() if line.startswith("name='gone_rows' ")]
+    assert rows and all(line.endswith(" pending_ntiles=1 pending_tiles=8") for line in rows), rows
     with pytest.raises(ValueError, match="unknown axis group name 'never_named'"):
         torch_nntile.set_axis_group_tiling("never_named", None)
 
@@ -67,8 +67,8 @@ def test_merged_named_groups_keep_both_names():
     torch_nntile.set_axis_group_name(b, {0: "rows_m2"})
     y = (a + b) * 2
     torch_nntile.set_axis_group_tiling("rows_m2", 3)
-    assert "rows_m1=rows_m2" in torch_nntile.format_axis_groups()
-    assert "3 tiles [3, 3, 2]" in torch_nntile.format_axis_groups()
+    assert "name='rows_m1=rows_m2'" in torch_nntile.format_axis_groups()
+    assert "pending_ntiles=3 pending_tiles=3,3,2" in torch_nntile.format_axis_groups()
     torch_nntile.set_axis_group_tiling("rows_m1", 4)
     with pytest.raises(ValueError, match=r"'rows_m1'.*'rows_m2'.*tiled differently.*\[4, 4\].*\[3, 3, 2\]"):
         y.cpu()

@@ -206,11 +206,12 @@ def test_rope_tables_and_caches():
     assert rel_err(sin.cpu(), want_sin) <= 1e-6 and rel_err(cos.cpu(), want_cos) <= 1e-6
     model.warm_sequence_caches(batch_sizes=[2], seq_len=6, device="cpu")
     key = (6, torch.device("cpu"), torch.float32)
-    assert list(model._rope_cache) == [key]
-    assert model._rope_cache[key][0].shape == (6, 8)  # HF's form, made once for all layers
+    assert list(model._rope_full_cache) == [key]
+    assert model._rope_full_cache[key][0].shape == (6, 8)  # HF's form, made once for all layers
+    assert model._rope_cache[6][0].shape == (6, 4)  # the published torch_nntile's, under its name
     assert model.double()(_ids(2, 6)).dtype == torch.float64  # tables in the activations' dtype, as HF's
-    assert (6, torch.device("cpu"), torch.float64) in model._rope_cache
+    assert (6, torch.device("cpu"), torch.float64) in model._rope_full_cache
     model.clear_sequence_caches()
-    assert not model._rope_cache
+    assert not model._rope_cache and not model._rope_full_cache
     with pytest.raises(ValueError, match="seq_len must be at least 1"):
         model.warm_sequence_caches(seq_len=0, device="cpu")

@@ -47,7 +47,7 @@ def test_reset_graph_session_keeps_values_and_forgets_tilings():
     assert torch_nntile.has_pending_graph()
     torch_nntile.reset_graph_session()
     assert not torch_nntile.has_pending_graph()
-    assert "7, 5" not in torch_nntile.format_axis_groups()
+    assert "tiles=7,5" not in torch_nntile.format_axis_groups()
     assert_close(y.cpu(), torch.tanh(x) * 3)
     z = y + a  # recorded afresh, untiled now
     assert_close(z.cpu(), torch.tanh(x) * 3 + x)
@@ -86,7 +86,8 @@ def test_ncpu_minus_one_and_verbose():
     assert "graph mode, CPU fallback off" in out.stdout
 
 
-@pytest.mark.parametrize("extent, want", [(10, "2 tiles [5, 5]"), (7, "2 tiles [4, 3]"), (1, "untiled")])
+@pytest.mark.parametrize("extent, want", [(10, "ntiles=2 pending_tiles=5,5"), (7, "ntiles=2 pending_tiles=4,3"),
+                                          (1, "ntiles=1 pending_tiles=1")])
 def test_ddp_splits_the_group_per_worker(extent, want):
     x = torch.randn(extent, 6)
     w = torch.randn(6, 4)
@@ -94,8 +95,8 @@ def test_ddp_splits_the_group_per_worker(extent, want):
     name = f"batch_ddp_{extent}"
     torch_nntile.set_axis_group_name(a, {0: name})
     torch_nntile.ddp(axis=name)  # 2 CPU workers in the tests
-    row = next(r for r in torch_nntile.format_axis_groups().splitlines() if r.split()[0] == name)
-    assert row.endswith(want), row
+    row = next(r for r in torch_nntile.format_axis_groups().splitlines() if r.split()[0] == f"name='{name}'")
+    assert row.endswith(" pending_" + want), row
     assert_close((torch.relu(a @ b)).cpu(), torch.relu(x @ w))
 
 
@@ -107,11 +108,45 @@ def test_ddp_before_the_group_exists_and_a_second_axis():
     x, w = torch.randn(5, 6), torch.randn(6, 4)
     a = x.to("nntile")
     torch_nntile.set_axis_group_name(a, {0: "batch_later"})
-    row = next(r for r in torch_nntile.format_axis_groups().splitlines() if r.split()[0] == "batch_later")
-    assert row.endswith("2 tiles [3, 2]"), row
+    row = next(r for r in torch_nntile.format_axis_groups().splitlines() if r.split()[0] == "name='batch_later'")
+    assert row.endswith(" pending_ntiles=2 pending_tiles=3,2"), row
     assert_close((a @ w.to("nntile")).cpu(), x @ w)
     torch_nntile.set_axis_group_tiling("batch_later", 5)  # a tiling replaces the split
     torch_nntile.ddp("hidden")
+
+
+def test_axis_groups_text_has_the_reference_tokens():
+    """format_axis_groups' key=value tokens, as the reference's tests read them: the
+    tiling the next compile gives while ops are pending, the compiled one after run(),
+    and the DDP line first with data parallelism on."""
+    x = torch.randn(4, 6)
+    a = x.to("nntile")
+    torch_nntile.set_axis_group_name(a, {0: "batch"})
+    torch_nntile.set_axis_group_tiling("batch", [1, 1, 2])
+    y = a * 2
+    assert torch_nntile.has_pending_graph()
+    text = torch_nntile.format_axis_groups()
+    assert "name='batch'" in text and "pending_ntiles=3" in text and "pending_tiles=1,1,2" in text, text
+    assert not text.startswith("DDP")
+    torch_nntile.set_axis_group_tiling("batch", 2)
+    torch_nntile.compile_graph()
+    torch_nntile.run()
+    torch_nntile.wait()
+    assert not torch_nntile.has_pending_graph()
+    text = torch_nntile.format_axis_groups()
+    assert "name='batch'" in text and "ntiles=2" in text and "tiles=2,2" in text and " tile=" not in text, text
+    assert "pending_" not in text, text
+    torch_nntile.ddp("batch")  # 2 CPU workers in the tests: two replicas
+    z = y + 1
+    lines = torch_nntile.format_axis_groups().splitlines()
+    assert lines[0] == "DDP axis='batch' replicas=2", lines
+    assert "name='batch' extent=4" in lines[1] and lines[1].endswith(" pending_ntiles=2 pending_tiles=2,2"), lines
+    torch_nntile.compile_graph()
+    torch_nntile.run()
+    torch_nntile.wait()
+    text = torch_nntile.format_axis_groups()
+    assert text.startswith("DDP axis='batch' replicas=2\n") and "ntiles=2 tiles=2,2" in text, text
+    assert_close(z.cpu(), x * 2 + 1)
 
 
 def test_deep_relu_presets_and_attributes():
@@ -278,3 +313,18 @@ def test_errors_say_what_cpu_and_the_reference_say():
     qn = q.to("nntile")
     assert_close(F.scaled_dot_product_attention(qn, qn, qn, attn_mask=ok.to("nntile")).cpu(),
                  F.scaled_dot_product_attention(q, q, q, attn_mask=ok))
+
+
+def test_private_tiling_setter_checks_at_compile():
+    """The reference's ``_set_axis_group_tiling`` checks the sizes when the graph compiles;
+    the recorded ops stay pending and run once the tiling fits."""
+    x = torch.randn(4, 8)
+    a = x.to("nntile")
+    torch_nntile.set_axis_group_name(a, {0: "batch_private"})
+    y = a * 2
+    torch_nntile._set_axis_group_tiling("batch_private", [1, 1, 1])
+    with pytest.raises(RuntimeError, match="sum to 3, but the extent is 4"):
+        torch_nntile.execute()
+    assert torch_nntile.has_pending_graph()
+    torch_nntile._set_axis_group_tiling("batch_private", [1, 3])
+    assert_close(y.cpu(), x * 2)

@@ -289,8 +289,8 @@ def test_sdpa_eager_errors_and_module():
     qn = q.to("nntile")
     with pytest.raises(ValueError, match="bool"):
         sdpa_eager(qn, qn, qn, torch.zeros(4, 4).to("nntile"))
-    with pytest.raises(ValueError, match="device nntile"):
-        sdpa_eager(qn, qn, qn, torch.ones(4, 4, dtype=torch.bool))
+    cpu_mask = torch.ones(4, 4, dtype=torch.bool).tril()  # a CPU mask is moved, as the reference's
+    assert_close(sdpa_eager(qn, qn, qn, cpu_mask).cpu(), _sdpa_ref(q, q, q, cpu_mask))
     with pytest.raises(ValueError, match="rank"):
         sdpa_eager(qn, qn, qn, batch_ndim=3)
     assert F.sdpa_eager is sdpa_eager
@@ -385,3 +385,17 @@ def test_imports_need_no_transformers():
         print("ok")
     """)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_rope_reference_oracles_match_rope():
+    """The published torch_nntile's private oracles ``_rope_ref_forward`` / ``_backward``."""
+    from torch_nntile.rope import _rope_ref_backward, _rope_ref_forward
+
+    sin, cos = rope_sin_cos_from_position_ids(torch.arange(5)[None], 8)
+    x = torch.randn(2, 5, 8)
+    grad = torch.randn(2, 5, 8)
+    xd = x.to("nntile").requires_grad_()
+    y = rope(sin.to("nntile"), cos.to("nntile"), xd)
+    y.backward(grad.to("nntile"))
+    assert_close(y.detach().cpu(), _rope_ref_forward(sin, cos, x))
+    assert_close(xd.grad.cpu(), _rope_ref_backward(sin, cos, grad))

@@ -33,7 +33,7 @@ def test_tiling_set_before_or_after_recording():
     torch_nntile.set_axis_group_name(xn, {1: "classes_t"})
     y = F.log_softmax(xn, dim=1)
     torch_nntile.set_axis_group_tiling("classes_t", 4)  # accepted: the op re-tiles
-    assert "2 tiles [4, 2]" in torch_nntile.format_axis_groups()
+    assert "pending_ntiles=2 pending_tiles=4,2" in torch_nntile.format_axis_groups()
     assert_close(y.cpu(), F.log_softmax(x, dim=1))
 
 

@@ -239,14 +239,25 @@ def set_axis_group_distribution(name: str, rule: str | list[int] | tuple[int, ..
 
 
 def format_axis_groups() -> str:
-    """A table of the live axis groups: per group its name(s) (``a=b`` where named groups
-    merged, ``-`` if unnamed), extent, member count (dimensions of live values, pending
-    ones included), and tiling (``untiled``, the tile sizes, or why the tiling set for
-    it is invalid). Named groups come first.
+    """The live axis groups, one line of ``key=value`` tokens each, named groups first::
+
+        DDP axis='batch' replicas=2
+        name='batch' extent=4 members=3 ntiles=2 tiles=2,2
+        name='k=inner' extent=10 members=2 ntiles=3 tiles=4,4,2
+        name=- extent=6 members=1 ntiles=1 tiles=6
+
+    ``name``: the group's name(s) (``a=b`` where ops merged named groups, ``-`` if
+    unnamed); ``extent``; ``members`` (dimensions of live values, pending ones
+    included); ``ntiles`` and ``tiles`` (the tile sizes joined by commas; an untiled
+    group is one tile of its extent). While ops are recorded and not yet submitted
+    (``has_pending_graph()``) these two are ``pending_ntiles`` / ``pending_tiles``: the
+    tiling the next compile gives. A group whose tiling is invalid ends
+    ``tiling=invalid: <reason>`` instead. With data parallelism on (``ddp(axis)``) a
+    first line ``DDP axis='<name>' replicas=<parts>`` gives the split.
 
     Use it to check which dimensions share a group and how they will be cut into tiles.
     """
-    return _axes.format_groups()
+    return _axes.format_groups(pending=_S.has_pending())
 
 
 def print_axis_groups() -> None:
@@ -319,9 +330,11 @@ def record_nntile_seconds() -> float:
     return float(info()["phases"].get("record", {}).get("seconds", 0.0))
 
 
-def _set_axis_group_tiling(name: str, tile_sizes: int | list[int] | tuple[int, ...] | None) -> None:
-    """``set_axis_group_tiling`` under the published torch_nntile's private name."""
-    set_axis_group_tiling(name, tile_sizes)
+def _set_axis_group_tiling(name: str, tile_sizes: int | list[int] | tuple[int, ...]) -> None:
+    """``set_axis_group_tiling`` under the published torch_nntile's private name, and as
+    it checks: the sizes against the group's extent only when the next graph is compiled
+    (a ``TilingError`` then, and the recorded ops stay pending)."""
+    _axes.set_tiling(name, tile_sizes, check=False)
 
 
 # the published torch_nntile's names: the device, its wait, and its build flags (stock

@@ -105,6 +105,19 @@ def rope(sin: torch.Tensor, cos: torch.Tensor, x: torch.Tensor, *, layout: str |
     return _Rope.apply(x, cos, sin)
 
 
+def _rope_ref_forward(sin: torch.Tensor, cos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The pairs rotation in plain torch ops, eagerly on any device: the oracle the
+    published torch_nntile's tests compare ``rope`` with (its private name)."""
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).reshape(x.shape)
+
+
+def _rope_ref_backward(sin: torch.Tensor, cos: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``_rope_ref_forward`` with respect to x: the rotation back."""
+    return _rope_ref_forward(-sin, cos, grad)
+
+
 def rope_sin_cos_from_position_ids(position_ids: torch.Tensor, head_dim: int, *, rope_theta: float = 10000.0,
                                    identity_pad_head_dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sin, cos)`` ``[batch, seq, head_dim // 2]`` (float32) of HF's default rotary

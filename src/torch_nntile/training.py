@@ -75,9 +75,10 @@ def train_full_batch_step(model: torch.nn.Module, x: torch.Tensor, labels: torch
                           name_axis_groups: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
                           axis_group_tiling: Mapping[str, int | list[int] | tuple[int, ...]] | None = None,
                           print_axis_groups: bool = False) -> float:
-    """One training step on the whole batch ``x``: forward, ``loss_fn(model(x), labels)``,
-    backward, ``optimizer.step()``, gradients set to None; on nntile the step is then
-    compiled, run and waited for. Returns the loss as a float.
+    """One training step on the whole batch ``x``: gradients set to None, forward,
+    ``loss_fn(model(x), labels)``, backward, ``optimizer.step()``; on nntile the step is
+    then compiled, run and waited for. Returns the loss as a float; the step's gradients
+    stay on the parameters until the next step (as the published torch_nntile's).
 
     ``name_axes`` names dims of ``x`` (``{0: "batch"}``) and ``tilings`` tiles groups by
     name (``{"batch": 256}``), both before the forward is recorded; they apply only to an
@@ -102,12 +103,12 @@ def train_full_batch_step(model: torch.nn.Module, x: torch.Tensor, labels: torch
         torch_nntile.set_axis_group_name(x, name_axes)
     for name, tiling in (tilings or {}).items():
         torch_nntile.set_axis_group_tiling(name, tiling)
+    optimizer.zero_grad(set_to_none=True)
     logits = model(x)
     logits = getattr(logits, "logits", logits)  # an HF model's output
     loss = loss_fn(logits, labels)
     loss.backward()
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
     if name_axis_groups is not None:
         name_axis_groups(x, logits)
     for name, tiling in (axis_group_tiling or {}).items():

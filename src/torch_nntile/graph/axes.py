@@ -153,8 +153,14 @@ def describe(g: AxisGroup) -> str:
     return f"{' = '.join(map(repr, r.names()))} (extent {r.extent})" if r.name else f"<unnamed, extent {r.extent}>"
 
 
-def set_tiling(name: str, tiling: int | list[int] | tuple[int, ...]) -> None:
+def set_tiling(name: str, tiling: int | list[int] | tuple[int, ...], check: bool = True) -> None:
+    """Tile the groups named ``name``; ``check=False`` leaves the sizes to be checked
+    against the extent when the next graph is compiled (as the published torch_nntile's
+    private setter does)."""
     g = group_by_name(name)
+    if not check:
+        _TILINGS[name] = tiling if isinstance(tiling, int) else tuple(tiling)
+        return
     sizes = normalize_tiling(tiling, g.extent, repr(name))
     _TILINGS[name] = tiling if isinstance(tiling, int) else sizes
 
@@ -303,13 +309,22 @@ def groups_report() -> list[tuple[AxisGroup, int]]:
     return sorted(counts.items(), key=lambda kv: (kv[0].name is None, kv[0].name or "", -kv[0].extent))
 
 
-def format_groups() -> str:
-    lines = [f"{'name':<16} {'extent':>8} {'members':>8}  tiling"]
+def format_groups(pending: bool = False) -> str:
+    """One line of ``key=value`` tokens per live group (named first): ``name='a=b'``
+    (``name=-`` if unnamed), ``extent``, ``members``, then ``ntiles`` and ``tiles`` (the
+    sizes joined by commas), or ``pending_ntiles`` / ``pending_tiles`` where ``pending``
+    (ops recorded, not yet submitted: the tiling their compile will give), or
+    ``tiling=invalid: <reason>``. A ``DDP axis='<name>' replicas=<parts>`` line comes
+    first per name split for data parallelism."""
+    lines = [f"DDP axis='{n}' replicas={t.parts}" for n, t in _TILINGS.items() if isinstance(t, Split)]
+    prefix = "pending_" if pending else ""
     for r, n in groups_report():
+        names = "=".join(r.names())
+        head = f"name='{names}'" if names else "name=-"
         try:
             tiles = tiling_of(r)
-            tdesc = "untiled" if len(tiles) == 1 else f"{len(tiles)} tiles {list(tiles)}"
+            tdesc = f"{prefix}ntiles={len(tiles)} {prefix}tiles={','.join(map(str, tiles))}"
         except ValueError as e:
-            tdesc = f"invalid: {e}"
-        lines.append(f"{'='.join(r.names()) or '-':<16} {r.extent:>8} {n:>8}  {tdesc}")
+            tdesc = f"tiling=invalid: {e}"
+        lines.append(f"{head} extent={r.extent} members={n} {tdesc}")
     return "\n".join(lines)

@@ -48,16 +48,19 @@ def sdpa_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
             axis (2: ``[batch, seq, head_size, n_heads]``).
         k: the keys, laid out as q; they may have fewer heads (``sdpa``).
         v: the values, laid out as k.
-        mask: None, or bool ``[seq_q, seq_k]`` on nntile (or broadcasting to ``[batch,
-            n_heads, seq_q, seq_k]``): True where a query may attend to a key.
+        mask: None, or bool ``[seq_q, seq_k]`` (or broadcasting to ``[batch, n_heads,
+            seq_q, seq_k]``): True where a query may attend to a key; on the CPU it is
+            moved to nntile.
 
     Raises:
         ValueError: a tensor not on nntile, a mask not bool, or ranks that do not fit.
     """
     if any(t.device.type != "nntile" for t in (q, k, v)):
         raise ValueError("sdpa_eager expects nntile q, k and v tensors (torch_nntile.nn.functional.sdpa takes CPU ones)")
-    if mask is not None and (mask.dtype != torch.bool or mask.device.type != "nntile"):
-        raise ValueError(f"sdpa_eager: mask must be bool on device nntile, got {mask.dtype} on {mask.device}")
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(f"sdpa_eager: mask must be bool, got {mask.dtype}")
+    if mask is not None and mask.device != q.device:  # a CPU mask is a constant: moved, as the reference does
+        mask = mask.to(q.device)
     if batch_ndim < 1 or not q.dim() == k.dim() == v.dim() == batch_ndim + 2:
         raise ValueError(f"sdpa_eager: batch_ndim={batch_ndim} needs tensors of rank {batch_ndim + 2}, got "
                          f"{q.dim()}, {k.dim()} and {v.dim()}")

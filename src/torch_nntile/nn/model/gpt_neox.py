@@ -298,6 +298,8 @@ class GPTNeoXModel(nn.Module):
         self.layers = nn.ModuleList(GPTNeoXLayer(c) for _ in range(c.num_hidden_layers))
         self.final_layer_norm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self._rope: dict[tuple[int, torch.device], RopeTables] = {}  # per length and device
+        # the published torch_nntile's tables [seq, head_dim // 2] per length, under its name
+        self._rope_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _tables(self, position_ids: torch.Tensor) -> RopeTables:
         c = self.config
@@ -308,13 +310,17 @@ class GPTNeoXModel(nn.Module):
         device = torch.device(device)
         key = (seq, torch.device(device.type, device.index or 0))
         if key not in self._rope:
-            sin, cos = self._tables(torch.arange(seq))
-            self._rope[key] = (sin.to(device), cos.to(device))
+            c = self.config
+            sin, cos = rope_sin_cos_from_position_ids(torch.arange(seq), c.rotary_ndims, rope_theta=c.rotary_emb_base,
+                                                      identity_pad_head_dim=c.head_dim)
+            self._rope_cache[seq] = (sin.to(device), cos.to(device))
+            self._rope[key] = tuple(t.to(device) for t in rope_pair_tables(sin, cos, c.head_dim))
         return self._rope[key]
 
     def clear_sequence_caches(self) -> None:
         """Forget the kept rotary tables (kept per length and device)."""
         self._rope.clear()
+        self._rope_cache.clear()
 
     def warm_sequence_caches(self, *, batch_sizes: Any = None, seq_len: int, device: torch.device | str) -> None:
         """Prepare the rotary tables of ``seq_len`` on ``device`` before training.

@@ -299,8 +299,10 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoder(c) for _ in range(c.num_hidden_layers))
         self.norm = LlamaRMSNorm(c.hidden_size, eps=c.rms_norm_eps)
-        # constants of the model per (seq, device, dtype): HF-form tables of positions 0..seq-1
-        self._rope_cache: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        # constants of the model: the published torch_nntile's tables of positions 0..seq-1
+        # per seq ([seq, head_dim // 2], its name), and HF's form of them per (seq, device, dtype)
+        self._rope_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_full_cache: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _rope_tables_from_position_ids(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(sin, cos)`` ``[..., seq, head_dim // 2]`` (float32) at ``position_ids``, on their device."""
@@ -310,14 +312,18 @@ class LlamaModel(nn.Module):
         """HF-form tables ``[seq, head_dim]`` of positions ``0..seq-1`` in the embedding's
         dtype, made on the CPU once per length, device and dtype and kept."""
         key = (seq, torch.device(device), self.embed_tokens.weight.dtype)
-        if key not in self._rope_cache:
-            sin, cos = self._rope_tables_from_position_ids(torch.arange(seq))
-            self._rope_cache[key] = tuple(_rope_full(t, self.config.head_dim, *key[1:]) for t in (sin, cos))
-        return self._rope_cache[key]
+        if key not in self._rope_full_cache:
+            half = self._rope_cache.get(seq)
+            if half is None or half[0].device != key[1]:
+                half = tuple(t.to(key[1]) for t in self._rope_tables_from_position_ids(torch.arange(seq)))
+                self._rope_cache[seq] = half
+            self._rope_full_cache[key] = tuple(_rope_full(t, self.config.head_dim, *key[1:]) for t in half)
+        return self._rope_full_cache[key]
 
     def clear_sequence_caches(self) -> None:
         """Forget the kept rotary tables (for instance before a new graph session)."""
         self._rope_cache.clear()
+        self._rope_full_cache.clear()
 
     def warm_sequence_caches(self, *, batch_sizes: Any = None, seq_len: int, device: torch.device | str) -> None:
         """Make the rotary tables of ``seq_len`` positions on ``device`` ahead of training.
