@@ -5,8 +5,10 @@ vocabulary groups.
 The names come from the model's inputs and weights: ``batch`` and ``seq`` from dims 0
 and 1 of ``input_ids``, ``vocab`` and ``hidden`` from dims 0 and 1 of the input
 embedding's weight (and of the output embedding's, when it is not tied). The embedding
-gathers rows by the *flattened* ids, so the names on the ids do not reach the hidden
-states: a forward hook on the embedding names dims 0 and 1 of its output as well.
+gathers rows by the *flattened* ids: the gathered rows share the flattened ids' group,
+whose tiling derives from ``batch``'s, so a batch tiling of the ids reaches the hidden
+states; ``seq`` (an inner dim of the flattening) does not, so a forward hook on the
+embedding names dims 0 and 1 of its output as well.
 """
 
 from __future__ import annotations
@@ -109,3 +111,26 @@ def test_gpt2_batch_tiling_reaches_the_attention():
     assert set(retiles) <= {"index_select", "reshape"}, retiles
     assert sum(retiles.get("reshape", {}).values()) <= 2, retiles
     assert "'batch' (extent 8)" not in retiles.get("reshape", {}), retiles
+
+
+def test_gpt2_batch_tiling_of_the_ids_alone_reaches_the_hidden_states():
+    """No hook: naming the ids' dims and tiling ``batch`` tiles the embedding's output and
+    every layer after it (softmax: a task per batch tile and layer); only the labels
+    (not named) are re-tiled for the loss; CPU's loss and gradients."""
+    ref, model = pair("gpt2-eager")
+    inputs = batch("gpt2-eager")
+    dev = to_nntile(inputs)
+    torch_nntile.set_axis_group_name(dev["input_ids"], {0: "batch", 1: "seq"})
+    torch_nntile.set_axis_group_tiling("batch", 2)
+    torch_nntile.wait()
+    torch_nntile.reset_info()
+    got, want = model(**dev), ref(**inputs)
+    assert_loss_close(got.loss, want.loss)
+    got.loss.backward()
+    want.loss.backward()
+    assert_grads_close(model, ref)
+    torch_nntile.wait()
+    m = torch_nntile.metrics()
+    assert m["kernels"]["_softmax"]["tasks"] == 4 * 2, m["kernels"]
+    assert m["kernels"]["index_select"]["tasks"] >= 4, m["kernels"]
+    assert set(m["retiles"]) <= {"reshape"} and sum(m["retiles"].get("reshape", {}).values()) <= 1, m["retiles"]

@@ -94,8 +94,14 @@ def test_errors_and_caches():
         ours(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="must be positive"):
         ours.warm_sequence_caches(batch_sizes=[0], seq_len=4, device="cpu")
+    ours = ours.to("nntile")
     ours.warm_sequence_caches(batch_sizes=[2], seq_len=4, device="nntile")
-    assert ours.transformer.positions(4, "nntile").cpu().tolist() == [0, 1, 2, 3]
+    tr = ours.transformer
+    pos, mask = tr._position_ids_cache[(2, 4)], tr._causal_mask_cache[4]  # the reference's names
+    assert pos.device.type == "nntile" and pos.cpu().tolist() == [[0, 1, 2, 3]] * 2
+    assert torch.equal(mask.cpu(), make_causal_sdpa_mask(4))
+    ours(torch.zeros(2, 4, dtype=torch.long).to("nntile"))
+    assert tr._position_ids_cache[(2, 4)] is pos  # reused by the forward
     ours.clear_sequence_caches()
-    assert not ours.transformer._positions
+    assert not tr._position_ids_cache and not tr._causal_mask_cache
     assert make_causal_sdpa_mask(3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]

@@ -328,3 +328,15 @@ def test_private_tiling_setter_checks_at_compile():
     assert torch_nntile.has_pending_graph()
     torch_nntile._set_axis_group_tiling("batch_private", [1, 3])
     assert_close(y.cpu(), x * 2)
+
+
+def test_explicit_ncpu_wins_over_starpu_ncpu():
+    """``STARPU_NCPU`` gives the default worker count; an explicit ``ncpu`` overrides it
+    (StarPU alone would let the variable win), and the variable is left as it was."""
+    code = ("import os, torch_nntile\nfrom torch_nntile.session import SESSION_STATE as S\n"
+            "torch_nntile.init_context({arg})\nprint(S.runtime().ncpu, os.environ['STARPU_NCPU'])\n")
+    env = {**os.environ, "STARPU_NCPU": "1"}
+    for arg, want in (("ncpu=2", "2 1"), ("", "1 1")):
+        out = run_python(code.format(arg=arg), env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == want.split(), out.stdout

@@ -90,8 +90,9 @@ def init_context(ncpu: int | None = None, ncuda: int | None = None, cpu_fallback
                  memory_limit: int | None = None, swap_dir: str | os.PathLike | None = None,
                  swap_size: int | None = None, tiled_only: bool = False, *, verbose: int = 0,
                  runtime_mode: str | None = None) -> None:
-    """Start StarPU with ``ncpu`` CPU workers: by default (or -1) one per core this
-    process may run on (the first op starts a context with the defaults by itself). More
+    """Start StarPU with ``ncpu`` CPU workers: by default (or -1) ``STARPU_NCPU`` where
+    it is set, else one per core this process may run on (the first op starts a context
+    with the defaults by itself); an explicit ``ncpu`` wins over ``STARPU_NCPU``. More
     workers than cores is allowed. ``scheduler`` names a StarPU scheduler (default ``lws``;
     ``dmdas`` with CUDA workers).
 

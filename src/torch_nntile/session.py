@@ -69,9 +69,13 @@ GC_PAUSED = _GcPaused()
 
 
 def default_ncpu() -> int:
-    """One CPU worker per core this process may run on. The workers run at a lower
-    priority than the process (``TORCH_NNTILE_WORKER_NICE``), so the thread recording
-    ops takes a core from them when it needs one instead of having one kept idle for it."""
+    """One CPU worker per core this process may run on, or StarPU's ``STARPU_NCPU`` where
+    it is set. The workers run at a lower priority than the process
+    (``TORCH_NNTILE_WORKER_NICE``), so the thread recording ops takes a core from them
+    when it needs one instead of having one kept idle for it."""
+    env = os.environ.get("STARPU_NCPU", "").strip()
+    if env.lstrip("-").isdigit() and int(env) > 0:
+        return int(env)
     if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1

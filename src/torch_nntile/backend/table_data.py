@@ -156,17 +156,22 @@ def _index_add(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
 
 
 def along_dim(name: str, kernel: Any, nodes: list[DataNode], index: torch.Tensor, d: int, shape: tuple[int, ...],
-              dtype: torch.dtype, axes: Any = None) -> DataNode:
+              dtype: torch.dtype, axes: Any = None, rows: bool = False) -> DataNode:
     """An index op along dim ``d``: tiled over the other dims where its tensors share them
     (the index vector, and 0-dim values, go whole to every tile), else one task (whose
-    output takes the axis groups ``axes``, or new ones)."""
+    output takes the axis groups ``axes``, or new ones). ``rows``: the output's dim ``d``
+    holds a row per entry of the index vector (``index_select``), so it shares the
+    vector's axis group and is tiled with it, each task reading its rows' index tile."""
     nd = len(shape)
     inode = read(index) if is_nntile(index) else None
     whole = tuple(k for k, n in enumerate(nodes) if n is inode or not n.shape)
     tiled = [n for k, n in enumerate(nodes) if k not in whole]
     if nd and all(len(n.shape) == nd and all(a == b for k, (a, b) in enumerate(zip(n.shape, shape)) if k != d)
                   for n in tiled):
-        return ix.along(name, kernel, nodes, (d,), shape, dtype, whole)
+        follow = None
+        if rows and inode is not None and len(inode.shape) == 1 and inode.shape[0] == shape[d]:
+            follow = (max(k for k, n in enumerate(nodes) if n is inode), d)
+        return ix.along(name, kernel, nodes, (d,), shape, dtype, whole, follow)
     return whole_op(name, kernel, nodes, [(shape, dtype, axes)])[0]
 
 
@@ -181,6 +186,8 @@ def _index_select_rows(args: tuple[Any, ...], kw: dict[str, Any], shapes: tuple[
                        dtypes: tuple[torch.dtype, ...]) -> tuple[list[int], tuple[float, ...]] | None:
     """Rows of a float32 tile picked along dim 0 run in C (an embedding's lookup)."""
     _, d, _ = args
+    if len(shapes) != 3:  # a 0-dim CPU index is baked into the kernel
+        return None
     o, w, i = shapes
     if d != 0 or kw or dtypes[:2] != (torch.float32, torch.float32) or dtypes[2] not in native.INDEX_DTYPES \
             or len(w) < 1 or len(i) > 1:
@@ -203,7 +210,7 @@ def _index_select(self: torch.Tensor, dim: int, index: torch.Tensor) -> DataNode
     if shape:
         shape[d] = i.numel
     kernel, nodes = out_kernel(torch.index_select, [self, d, index])
-    return along_dim("index_select", kernel, nodes, index, d, tuple(shape), x.dtype)
+    return along_dim("index_select", kernel, nodes, index, d, tuple(shape), x.dtype, rows=True)
 
 
 def _fill_axes(axes: tuple[Any, ...], shape: list[int]) -> tuple[Any, ...]:

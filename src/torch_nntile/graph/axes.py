@@ -62,7 +62,8 @@ DISTRIBUTION_RULES = ("cyclic", "block", "none")
 _DIST_VERSION = [0]  # changes with every rule set: a lowered step is kept per version
 
 
-MAX_LINKS = 4  # derivation links a merged group keeps (groups merged every step must not grow)
+MAX_LINKS = 4  # derivation links a merged group keeps (groups merged every step must not grow; see _link_rank)
+LINK_SEARCH = 16  # groups looked at per link when a merge keeps the links that lead to names
 
 
 def new_group(extent: int, derive: tuple[AxisGroup, int] | None = None) -> AxisGroup:
@@ -80,14 +81,44 @@ def union(a: AxisGroup, b: AxisGroup) -> AxisGroup:
         return ra
     if ra.extent != rb.extent:
         raise ValueError(f"cannot merge axis groups of extents {ra.extent} and {rb.extent}")
-    if rb.derive and len(ra.derive) < MAX_LINKS:
-        ra.derive = (ra.derive + tuple(d for d in rb.derive if d not in ra.derive))[:MAX_LINKS]
+    if rb.derive:
+        links = ra.derive + tuple(d for d in rb.derive if d not in ra.derive)
+        if len(links) > MAX_LINKS:
+            links = tuple(sorted(links, key=lambda d: _link_rank(d[0].root(), ra, rb)))[:MAX_LINKS]
+        ra.derive = links
+        rb.derive = ()  # only a root's links are read: the merged group's keep what they lead to alive
     if ra.name is None:
         ra.name, ra.aliases = rb.name, rb.aliases
     else:
         ra.aliases += tuple(n for n in rb.names() if n not in ra.names())
     rb.parent = ra
     return ra
+
+
+def _link_rank(src: AxisGroup, ra: AxisGroup, rb: AxisGroup) -> int:
+    """Which links a merged group keeps first (a stable sort, then the first MAX_LINKS):
+    0, a link to a named group, or to one whose links lead to a named group within
+    LINK_SEARCH groups (names are set on a model's inputs before it runs; their tilings
+    may come later); 2, a round trip (a reshape back of a reshape of this very group:
+    the source is unnamed and all its links lead back into ``ra`` or ``rb``); 1, any
+    other. Without it a residual stream, reshaped by every linear layer, keeps the
+    first links it is merged with and drops the one that leads to the named batch (a
+    two-block DiT whose conditioning is unnamed: 4 links of 5 are dead ends)."""
+    if src.name is not None:
+        return 0
+    if src.derive and all(s.root() in (ra, rb) for s, _ in src.derive):
+        return 2
+    todo, seen = [src], {src, ra, rb}
+    while todo and len(seen) < LINK_SEARCH:
+        for s, _ in todo.pop(0).derive:
+            r = s.root()
+            if r in seen:
+                continue
+            if r.name is not None:
+                return 0
+            seen.add(r)
+            todo.append(r)
+    return 1
 
 
 def set_name(g: AxisGroup, name: str) -> None:

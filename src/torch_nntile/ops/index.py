@@ -72,32 +72,46 @@ def tri(x: DataNode, k: int, upper: bool) -> DataNode:
 
 
 def _lower_along(ctx: Lowering, node: OpNode) -> None:
-    fn, name, dims, whole = node.attrs
-    args = []
+    fn, name, dims, whole, follow = node.attrs
+    # with ``follow``, the output's dim follow[1] is tiled as the index vector at position follow[0]
+    out_dims = dims if follow is None else tuple(d for d in dims if d != follow[1])
+    args = []  # (tiles, where a task reads them: its own index, a fixed index, or its index along a dim)
     for k, n in enumerate(node.inputs):
-        if k in whole:
-            args.append((ctx.input(n, tuple((s,) for s in n.shape)), (0,) * len(n.shape)))
+        if follow is not None and k == follow[0]:
+            args.append((ctx.input(n), None, follow[1]))
+        elif k in whole:
+            args.append((ctx.input(n, tuple((s,) for s in n.shape)), (0,) * len(n.shape), None))
         else:
-            args.append((ctx.input(n, ctx.whole(n, dims)), None))
-    out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], dims))
+            args.append((ctx.input(n, ctx.whole(n, dims)), None, None))
+    out = ctx.output(node.outputs[0], ctx.whole(node.outputs[0], out_dims))
     for idx in out.indices():
-        ctx.task(fn, [Arg(out, idx, W)] + [Arg(a, idx if z is None else z, R) for a, z in args], name)
+        at = idx if follow is None else idx[:follow[1]] + (0,) + idx[follow[1] + 1:]  # the inputs' dim is whole
+        ctx.task(fn, [Arg(out, idx, W)] + [Arg(a, z if z is not None else at if d is None else (idx[d],), R)
+                                           for a, z, d in args], name)
 
 
 ALONG = Op("along", _lower_along, kernel_name)
 """Inputs and output of one rank whose other dims share axis groups (their extents
 agree): one task per tile, ``dims`` whole in every tile; inputs at the positions
-``whole`` (an index vector, a 0-dim value) go whole to every task."""
+``whole`` (an index vector, a 0-dim value) go whole to every task, but the index
+vector at position ``follow[0]`` where given: the output's dim ``follow[1]`` is that
+vector's (row i of the output is entry i of the index, ``index_select``), tiled as it
+is, each task reading the index tile of its output rows."""
 
 
 def along(name: str, fn: Kernel, inputs: list[DataNode], dims: tuple[int, ...], shape: tuple[int, ...],
-          dtype: torch.dtype, whole: tuple[int, ...] = ()) -> DataNode:
+          dtype: torch.dtype, whole: tuple[int, ...] = (), follow: tuple[int, int] | None = None) -> DataNode:
     """Record ``fn(out_tile, *input_tiles)`` with ``dims`` whole; the other dims of the
     inputs (but those at positions ``whole``) and the output are merged (each must have
-    the output's extent there)."""
+    the output's extent there). ``follow`` = (k, d): the output's dim ``d`` (one of
+    ``dims``) shares the axis group of the 1-dim input ``k`` (one of ``whole``), whose
+    tiles the output's rows follow."""
     tiled = [n for k, n in enumerate(inputs) if k not in whole]
     axes: list[AxisGroup] = []
     for d, s in enumerate(shape):
+        if follow is not None and d == follow[1]:
+            axes.append(inputs[follow[0]].axes[0])
+            continue
         if d in dims:
             axes.append(new_group(s))
             continue
@@ -105,7 +119,7 @@ def along(name: str, fn: Kernel, inputs: list[DataNode], dims: tuple[int, ...], 
         for n in tiled[1:]:
             union(g, n.axes[d])
         axes.append(g)
-    return record(ALONG, tuple(inputs), (fn, name, dims, whole), [(shape, dtype, tuple(axes))])[0]
+    return record(ALONG, tuple(inputs), (fn, name, dims, whole, follow), [(shape, dtype, tuple(axes))])[0]
 
 
 # -- box copies: flip, roll, constant padding -------------------------------------
@@ -467,6 +481,16 @@ EMBEDDING_BACKWARD = Op("embedding_dense_backward", _lower_embedding_backward, c
 
 
 def embedding_backward(g: DataNode, indices: DataNode, num_weights: int, padding_idx: int, scale: bool) -> DataNode:
+    """The gradient's rows (all dims of ``g`` but the last) are the indices' (row r of
+    ``g`` is the gradient of entry r's lookup): they share axis groups, so a tiling of
+    the token ids reaches the gradient, unless both groups carry names of their own
+    (two tilings the user chose: the lowering re-tiles the indices to ``g``'s)."""
+    if indices.shape == g.shape[:-1]:
+        for a, b in zip(g.axes, indices.axes):
+            ra, rb = a.root(), b.root()
+            if ra is not rb and not (ra.name is not None and rb.name is not None
+                                     and not set(ra.names()) & set(rb.names())):
+                union(ra, rb)
     d = g.shape[-1]
     axes = (new_group(num_weights), g.axes[-1])
     return record(EMBEDDING_BACKWARD, (g, indices), (num_weights, padding_idx, scale),

@@ -79,25 +79,30 @@ class Runtime(TileMemory, Submission, Workers, Swap, Agreement):
         _bind_callback(self.ffi)
         _warm_vector_math()
         nice = _worker_nice()
-        limit = os.environ.get("STARPU_LIMIT_CPU_MEM")
-        if ooc is not None:  # StarPU reads its RAM budget once, at init
-            os.environ["STARPU_LIMIT_CPU_MEM"] = str(ooc.limit_mib)
+        # StarPU reads these once, at init, and lets them override its configuration: set
+        # them to what was asked (an explicit ncpu wins over STARPU_NCPU, which only gives
+        # the default: session.default_ncpu), then put the user's back
+        init_env = {"STARPU_NCPU": str(ncpu)}
+        if ooc is not None:  # the RAM budget of out-of-core
+            init_env["STARPU_LIMIT_CPU_MEM"] = str(ooc.limit_mib)
             self.lib.tnt_set_managed(ooc.memory_limit)
         mpi = mpi_launched()
         if mpi and not self.lib.tnt_built_with_mpi():
             raise RuntimeError("torch_nntile: started by mpirun, but this build's StarPU has no StarPU-MPI "
                                "(build it with scripts/build_starpu.sh, which `make setup` runs)")
+        saved = {k: os.environ.get(k) for k in init_env}
+        os.environ.update(init_env)
         try:
             # CUDA workers next to CPU ones: a scheduler that weighs where a task runs best
             # and what its tiles' moves cost; CPU workers alone: locality work stealing.
             self.scheduler = scheduler or ("dmdas" if ncuda else "lws")
             rc = self.lib.tnt_init(ncpu, ncuda, self.scheduler.encode(), nice, int(mpi))
         finally:
-            if ooc is not None:
-                if limit is None:
-                    os.environ.pop("STARPU_LIMIT_CPU_MEM", None)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
                 else:
-                    os.environ["STARPU_LIMIT_CPU_MEM"] = limit
+                    os.environ[k] = v
         if rc != 0:
             self.lib.tnt_set_managed(0)
             raise RuntimeError(f"{'starpu_mpi_init_conf' if mpi else 'starpu_init'} failed with code {rc}"

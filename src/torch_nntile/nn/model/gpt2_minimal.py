@@ -157,33 +157,50 @@ class GPT2Model(nn.Module):
         self.wpe = Embedding(self.n_positions, hidden)
         self.h = nn.ModuleList(GPT2Block(config, i) for i in range(cfg(config, "n_layer", 12)))
         self.ln_f = LayerNorm(hidden, eps=cfg(config, "layer_norm_epsilon", 1e-5))
-        self._positions: dict[tuple[int, torch.device], torch.Tensor] = {}
+        # constants of the model, kept under the published torch_nntile's names: position
+        # ids [batch, seq] per (batch, seq) and causal masks per seq (masks only for callers
+        # that pass one: without a mask the attention is the fused causal op)
+        self._position_ids_cache: dict[tuple[int, int], torch.Tensor] = {}
+        self._causal_mask_cache: dict[int, torch.Tensor] = {}
 
-    def positions(self, seq: int, device: torch.device | str) -> torch.Tensor:
-        """``arange(seq)`` on ``device``, made once per length and device (a constant of
-        the model, like the reference's cached position ids)."""
-        key = (seq, torch.device(device))
-        if key not in self._positions:
-            self._positions[key] = torch.arange(seq).to(device)
-        return self._positions[key]
+    def positions(self, batch: int, seq: int, device: torch.device | str) -> torch.Tensor:
+        """Position ids ``[batch, seq]`` (``0 .. seq - 1`` in each row) on ``device``, made
+        once and kept (made again if the model moved to another device)."""
+        device = torch.device(device)
+        ids = self._position_ids_cache.get((batch, seq))
+        if ids is None or ids.device.type != device.type:
+            ids = torch.arange(seq).expand(batch, seq).contiguous().to(device)
+            self._position_ids_cache[(batch, seq)] = ids
+        return ids
+
+    def causal_mask(self, seq: int, device: torch.device | str) -> torch.Tensor:
+        """``make_causal_sdpa_mask(seq)`` on ``device``, made once and kept."""
+        device = torch.device(device)
+        mask = self._causal_mask_cache.get(seq)
+        if mask is None or mask.device.type != device.type:
+            mask = self._causal_mask_cache[seq] = make_causal_sdpa_mask(seq, device)
+        return mask
 
     def clear_sequence_caches(self) -> None:
-        """Forget the kept position ids (after moving the model, say)."""
-        self._positions.clear()
+        """Forget the kept position ids and masks (after moving the model, say)."""
+        self._position_ids_cache.clear()
+        self._causal_mask_cache.clear()
 
     def warm_sequence_caches(self, *, batch_sizes: list[int] | tuple[int, ...] = (), seq_len: int,
                              device: torch.device | str) -> None:
-        """Make the position ids of ``seq_len`` on ``device`` now rather than in the first step.
+        """Make the position ids and the causal mask of ``seq_len`` on ``device`` now rather
+        than in the first step.
 
         Args:
-            batch_sizes: accepted for the reference's signature (positions do not depend on
-                the batch); each must be positive.
+            batch_sizes: the batch sizes the steps use (each positive).
             seq_len: the sequence length.
             device: where the steps will run.
         """
         if any(int(b) < 1 for b in batch_sizes) or seq_len < 1:
             raise ValueError(f"GPT2: batch sizes and seq_len must be positive, got {list(batch_sizes)} and {seq_len}")
-        self.positions(seq_len, device)
+        for b in sorted({int(b) for b in batch_sizes}):
+            self.positions(b, seq_len, device)
+        self.causal_mask(seq_len, device)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 causal_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -201,7 +218,7 @@ class GPT2Model(nn.Module):
         if s > self.n_positions:
             raise ValueError(f"GPT2: sequence of {s} tokens is longer than n_positions {self.n_positions}")
         if position_ids is None:
-            position_ids = self.positions(s, input_ids.device)
+            position_ids = self.positions(input_ids.shape[0] if input_ids.dim() > 1 else 1, s, input_ids.device)
         x = self.wte(input_ids) + self.wpe(position_ids)
         for block in self.h:
             x = block(x, causal_mask)
