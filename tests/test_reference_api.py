@@ -340,3 +340,22 @@ def test_explicit_ncpu_wins_over_starpu_ncpu():
         out = run_python(code.format(arg=arg), env=env)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == want.split(), out.stdout
+
+
+def test_reference_loss_and_norm_modules():
+    """``torch_nntile.loss`` / ``norm`` / ``normalization`` as the reference has them; its
+    ``patch_*`` switches change nothing here (stock functions run on nntile already)."""
+    import torch.nn.functional as TF
+
+    from torch_nntile import loss, norm, normalization
+    from torch_nntile.nn.functional import apply_nntile_patches
+
+    x, y = torch.randn(4, 5), torch.randint(0, 5, (4,))
+    for patch in (loss.patch_cross_entropy, norm.patch_vector_norm, normalization.patch_rms_norm,
+                  apply_nntile_patches):
+        assert patch() is None
+    assert TF.cross_entropy is torch.nn.functional.cross_entropy
+    xn, yn = x.to("nntile"), y.to("nntile")
+    assert_close(loss.cross_entropy(xn, yn).cpu(), TF.cross_entropy(x, y))
+    assert_close(loss.mse_loss(xn, scale=0.5).cpu(), 0.5 * x.square().sum())
+    assert_close(norm.vector_norm(xn, dim=1).cpu(), torch.linalg.vector_norm(x, dim=1))

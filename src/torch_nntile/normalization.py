@@ -19,4 +19,10 @@ def rms_norm(input: torch.Tensor, normalized_shape: int | Sequence[int], weight:
     return _F.rms_norm(input, normalized_shape, weight, eps)
 
 
-__all__ = ["rms_norm"]
+def patch_rms_norm() -> None:
+    """The published torch_nntile swaps stock ``F.rms_norm`` for its own here; stock
+    ``F.rms_norm`` already runs on nntile tensors, so this changes nothing (kept so
+    scripts that call it run)."""
+
+
+__all__ = ["patch_rms_norm", "rms_norm"]

@@ -182,10 +182,12 @@ def mul_scalar(input: torch.Tensor, scalar: float) -> torch.Tensor:
 
 
 def apply_nntile_patches() -> None:
-    """Kept so scripts written for the published torch_nntile run: there it swaps stock
-    ``F.rms_norm``, ``F.cross_entropy`` and ``torch.linalg.vector_norm`` for its own. Here
-    the stock functions already run on nntile tensors, recorded into the graph with
-    CPU's numbers, so nothing needs replacing and this changes nothing."""
+    """The published torch_nntile's switch that swaps stock ``F.rms_norm``,
+    ``F.cross_entropy`` and ``torch.linalg.vector_norm`` for its own
+    (``normalization.patch_rms_norm``, ``loss.patch_cross_entropy``,
+    ``norm.patch_vector_norm``). Here the stock functions already run on nntile tensors,
+    recorded into the graph with CPU's numbers, so those change nothing, and nor does
+    this (kept so scripts that call it run)."""
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
