@@ -1,16 +1,22 @@
 """Importing torch_nntile makes nntile the process's accelerator; the ordinary CPU paths
-that consult the current accelerator (pinning, loading, RNG state) keep working."""
+that consult the current accelerator (pinning, loading, RNG state) keep working, and
+``torch.nntile`` answers as ``torch.cuda`` does where the meaning carries over (memory,
+synchronize, seeds, the device's name and properties)."""
 
 from __future__ import annotations
 
 import collections
+import gc
 import io
+import os
 
 import pytest
 import torch
+from conftest import run_python
 from torch.utils.data import DataLoader, TensorDataset
 
-import torch_nntile  # noqa: F401
+import torch_nntile
+from torch_nntile.session import SESSION_STATE
 
 
 def test_nntile_is_the_current_accelerator():
@@ -127,3 +133,142 @@ def test_autocast_without_a_lower_precision_says_so():
         with torch.autocast("nntile", dtype=torch.bfloat16):
             y = torch.ones(2, 2, device="nntile") @ torch.ones(2, 2, device="nntile")
     assert y.dtype == torch.float32
+
+
+# -- torch.nntile as torch.cuda: memory, synchronize, seeds, device name -------------
+
+_FLOAT = 4  # bytes of a float32
+
+
+def _settled() -> None:
+    """Every value that died is released: its tiles' handles went back (a dead value's
+    tiles are released once its last tasks ran)."""
+    gc.collect()
+    torch.nntile.synchronize()
+
+
+def test_memory_allocated_counts_live_tiles():
+    m = torch.nntile
+    _settled()
+    base = m.memory_allocated()
+    xs = [torch.randn(128, 64).to("nntile") for _ in range(3)]
+    m.synchronize()
+    grown, reserved = m.memory_allocated(), m.memory_reserved()
+    nbytes = 3 * 128 * 64 * _FLOAT
+    assert grown - base >= nbytes
+    assert reserved >= grown
+    assert reserved == torch_nntile.info()["tile_bytes"]
+    del xs
+    _settled()
+    assert m.memory_allocated() <= grown - nbytes
+    assert m.memory_reserved() == reserved  # the dead tiles' handles are kept as spares
+    m.empty_cache()
+    m.synchronize()
+    assert m.memory_reserved() == m.memory_allocated() == torch_nntile.info()["tile_bytes"]
+
+
+def test_peaks_and_their_reset():
+    m = torch.nntile
+    _settled()
+    m.reset_peak_memory_stats()
+    a0, r0 = m.memory_allocated(), m.memory_reserved()
+    assert (m.max_memory_allocated(), m.max_memory_reserved()) == (a0, r0)
+    x = torch.randn(256, 256).to("nntile")
+    y = x * 2
+    m.synchronize()
+    peak = m.max_memory_allocated()
+    assert peak >= a0 + 2 * 256 * 256 * _FLOAT
+    assert m.max_memory_reserved() >= m.memory_reserved() >= m.memory_allocated()
+    del x, y
+    _settled()
+    assert m.memory_allocated() <= peak - 2 * 256 * 256 * _FLOAT
+    assert m.max_memory_allocated() == peak  # a peak stays until reset
+    m.reset_peak_memory_stats("nntile:0")
+    assert m.max_memory_allocated() == m.memory_allocated() < peak
+    assert m.max_memory_reserved() == m.memory_reserved()
+
+
+def test_memory_stats_and_summary_agree_with_the_functions():
+    m = torch.nntile
+    x = torch.randn(100, 50).to("nntile")
+    m.synchronize()
+    s = m.memory_stats()
+    assert s["allocated_bytes.all.current"] == m.memory_allocated() >= 100 * 50 * _FLOAT
+    assert s["reserved_bytes.all.current"] == m.memory_reserved()
+    assert s["allocated_bytes.all.peak"] == m.max_memory_allocated() >= s["allocated_bytes.all.current"]
+    assert s["reserved_bytes.all.peak"] == m.max_memory_reserved() >= s["reserved_bytes.all.current"]
+    assert s["num_alloc_retries"] >= 0 and s["num_ooms"] >= 0
+    assert m.memory_stats(0) == m.memory_stats(torch.device("nntile")) == s
+    text = m.memory_summary()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current"):
+        assert f"{s[key]} B" in text
+    assert "spare" in text and "spare" not in m.memory_summary(abbreviated=True)
+    for wrong in ("cpu", 1, "nntile:1"):
+        with pytest.raises(ValueError, match="Expected the nntile device"):
+            m.memory_allocated(wrong)
+    del x
+
+
+def test_synchronize_runs_what_is_pending():
+    x = torch.ones(4, device="nntile") + 1
+    assert torch_nntile.has_pending_graph()
+    torch.nntile.synchronize()
+    assert not torch_nntile.has_pending_graph()
+    rt = SESSION_STATE.live_runtime()
+    assert rt.tasks_done() == rt.tasks_submitted  # everything submitted ran
+    compiles = torch_nntile.info()["phases"]["compile"]["calls"]
+    torch.testing.assert_close(x.cpu(), torch.full((4,), 2.0), rtol=0, atol=0)
+    assert torch_nntile.info()["phases"]["compile"]["calls"] == compiles  # the read-back compiled nothing
+
+
+def test_manual_seed_seeds_the_draws_of_nntile():
+    torch.nntile.manual_seed(0)
+    a = torch.randn(3, device="nntile").cpu()
+    torch.manual_seed(0)
+    torch.testing.assert_close(a, torch.randn(3), rtol=0, atol=0)
+    torch.nntile.manual_seed_all(5)
+    assert torch.nntile.initial_seed() == torch.initial_seed() == 5
+    b = torch.randn(3, device="nntile").cpu()
+    torch.manual_seed(5)
+    torch.testing.assert_close(b, torch.randn(3), rtol=0, atol=0)
+    torch.nntile.seed()
+    assert torch.nntile.initial_seed() == torch.initial_seed()
+
+
+def test_device_name_and_properties_read_the_runtime():
+    rt = SESSION_STATE.live_runtime()
+    assert torch.nntile.is_initialized()
+    name = torch.nntile.get_device_name()
+    assert name.startswith("nntile (StarPU, ") and f"{rt.ncpu} CPU worker" in name
+    assert name.endswith(f"scheduler {rt.scheduler})")
+    p = torch.nntile.get_device_properties(0)
+    assert (p.name, p.cpu_workers, p.cuda_workers, p.scheduler) == (name, rt.ncpu, rt.ncuda, rt.scheduler)
+    assert p.cpu_workers == 2 and p.cuda_workers == torch_nntile.cuda_worker_count()
+    assert p.total_memory == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # in memory: the RAM
+
+
+def test_queries_start_no_context():
+    r = run_python("""
+        import torch, torch_nntile
+        m = torch.nntile
+        assert not m.is_initialized()
+        assert m.memory_allocated() == m.memory_reserved() == m.max_memory_allocated() == 0
+        assert set(m.memory_stats().values()) == {0}
+        m.synchronize(); m.empty_cache(); m.reset_peak_memory_stats(); m.memory_summary()
+        p = m.get_device_properties()
+        assert m.get_device_name() == p.name == "nntile" and (p.cpu_workers, p.scheduler) == (0, None)
+        assert p.total_memory > 0
+        assert not m.is_initialized()
+        x = torch.ones(3, device="nntile") * 2  # recorded work: synchronize starts a context to run it
+        m.synchronize()
+        assert m.is_initialized() and not torch_nntile.has_pending_graph()
+        assert m.memory_allocated() >= 12 and m.max_memory_allocated() >= 12
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_accelerator_routes_through_the_module():
+    assert torch.get_device_module("nntile") is torch.nntile
+    assert torch.accelerator.current_device_index() == 0
+    assert torch.nntile.current_device() == 0

@@ -42,6 +42,9 @@ RETILES: Counter[tuple[str, str]] = Counter()  # (op, axis group) -> values re-t
 
 COUNTS: Counter[str] = Counter()  # tasks_submitted, tasks_skipped, bytes_in, bytes_out, tiles_live
 TILES_PEAK = [0]
+# peaks of the tile bytes (allocated, reserved: runtime/memory.py) since the start or
+# torch.nntile.reset_peak_memory_stats(); reset_info() leaves them, as it leaves the bytes
+TILE_BYTES_PEAK = [0, 0]
 DATA_WAIT = [0.0]  # out of core: seconds StarPU workers waited for tiles to arrive (from disk)
 
 # worker id -> {kernel name: [tasks, seconds]}; grown by the runtime at init
@@ -88,6 +91,20 @@ def tiles_added(n: int) -> None:
         COUNTS["tiles_live"] = live
         if live > TILES_PEAK[0]:
             TILES_PEAK[0] = live
+
+
+def tile_bytes_now(allocated: int, reserved: int) -> None:
+    """The tile bytes now (the caller holds the runtime's byte lock): the peaks follow."""
+    peak = TILE_BYTES_PEAK
+    if allocated > peak[0]:
+        peak[0] = allocated
+    if reserved > peak[1]:
+        peak[1] = reserved
+
+
+def reset_tile_bytes_peak(allocated: int = 0, reserved: int = 0) -> None:
+    """Let the byte peaks restart from the tile bytes now (none without a context)."""
+    TILE_BYTES_PEAK[:] = [allocated, reserved]
 
 
 def ensure_workers(n: int) -> None:

@@ -28,6 +28,7 @@ import torch
 from torch.utils.backend_registration import _DummyDeviceGuard, _DummyPrivateUse1Hook
 
 from torch_nntile import stats
+from torch_nntile.backend.device_module import DEVICE, BackendModule
 from torch_nntile.backend.native_lib import native_library
 from torch_nntile.graph.nodes import DataNode
 from torch_nntile.kernels import Kernel, native, typed
@@ -36,62 +37,6 @@ from torch_nntile.ops.data import fill, ingress
 from torch_nntile.ops.index import COPY, copy_tile
 from torch_nntile.ops.views import expand, read_view, reshape, write_view
 from torch_nntile.session import SESSION_STATE
-
-DEVICE = "nntile"
-
-
-class _BackendModule:
-    """What ``torch.nntile`` exposes."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    @staticmethod
-    def manual_seed_all(seed: int) -> None:  # random ops draw from the CPU generator
-        pass
-
-    @staticmethod
-    def get_rng_state(device: object = None) -> torch.Tensor:
-        return torch.get_rng_state()
-
-    @staticmethod
-    def set_rng_state(state: torch.Tensor, device: object = None) -> None:
-        torch.set_rng_state(state)
-
-    @staticmethod
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        """None yet: ``torch.autocast("nntile")`` warns and runs in the tensors' own dtypes.
-        (Autocast asks even when disabled, as ``torch.utils.checkpoint`` does on replay.)"""
-        return []
-
-    @staticmethod
-    def set_device(device: object) -> None:  # one device: nothing to switch
-        pass
-
-    class device:  # noqa: N801  (``torch.cuda.device``'s name)
-        """``with torch.nntile.device(0):`` -- the device is always nntile:0."""
-
-        def __init__(self, device: object) -> None:
-            self.idx = 0
-
-        def __enter__(self) -> None:
-            pass
-
-        def __exit__(self, *exc: object) -> bool:
-            return False
 
 
 def _register() -> bool:
@@ -105,7 +50,7 @@ def _register() -> bool:
         return lib is not None and os.path.realpath(lib) in torch.ops.loaded_libraries
     torch.utils.rename_privateuse1_backend(DEVICE)
     torch.utils.generate_methods_for_privateuse1_backend()
-    torch._register_device_module(DEVICE, _BackendModule)
+    torch._register_device_module(DEVICE, BackendModule)
     if lib is not None:  # its static registrars run on load: the view kernels (csrc/views.cpp),
         try:  # the C++ device guard (csrc/device_guard.cpp), the hooks (csrc/hooks.cpp)
             torch.ops.load_library(lib)

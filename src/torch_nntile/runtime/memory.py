@@ -7,6 +7,7 @@ page-faulting) them again. See docs/architecture/memory.md.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -22,11 +23,39 @@ def paged_bytes(key: tuple[int, int]) -> int:
     the whole pages that hold it."""
     return -(-key[0] * key[1] // PAGE) * PAGE
 SPARE_COMPILES = 4  # compiles a size of spare handles may go unasked for before they are freed
+_BYTES_LOCK = threading.RLock()  # the byte counts change on any thread (tiles die anywhere), and in a finalizer
+
+
+def _nbytes(key: tuple[int, ...]) -> int:
+    return key[0] * key[1]
 
 
 class TileMemory:
     """Tile handles, their memory and the spares: a part of ``Runtime`` (runtime/context.py
     sets up its state)."""
+
+    _reserved_bytes = 0  # bytes of every registered handle's tile: tile_bytes(), counted as it changes
+    _spare_bytes = 0  # ... of the spares among them
+
+    def _count_bytes(self, reserved: int, spare: int = 0) -> None:
+        """The registered bytes changed by ``reserved``, the spares' by ``spare``: the
+        peaks (``stats.TILE_BYTES_PEAK``) follow."""
+        with _BYTES_LOCK:
+            self._reserved_bytes += reserved
+            self._spare_bytes += spare
+            if reserved > 0 or reserved > spare:  # a peak may have grown
+                stats.tile_bytes_now(self._reserved_bytes - self._spare_bytes, self._reserved_bytes)
+
+    def memory_bytes(self) -> tuple[int, int]:
+        """(allocated, reserved): the bytes of the live tiles' handles (the spares left
+        out; tiles given away inside a compile count as live), and of every handle."""
+        with _BYTES_LOCK:
+            return self._reserved_bytes - self._spare_bytes, self._reserved_bytes
+
+    def reset_peak_bytes(self) -> None:
+        """Let the byte peaks restart from the current counts."""
+        with _BYTES_LOCK:
+            stats.reset_tile_bytes_peak(self._reserved_bytes - self._spare_bytes, self._reserved_bytes)
 
     def register_many(self, sizes: list[int], elemsize: int, owners: list[int] | None = None) -> list[Any]:
         """Handles for the tiles of one value, of ``sizes`` items each: for each, a spare
@@ -44,7 +73,7 @@ class TileMemory:
         keys = [(max(n, 1), elemsize) for n in sizes]
         wanted, compiles = self._wanted, self._compiles
         out: list[Any] = []
-        missed = 0
+        missed = reused = 0
         with self._spare_lock:  # once for the value's spares, not once a tile
             spares = self._spares
             for key in keys:
@@ -52,9 +81,12 @@ class TileMemory:
                 free = spares.get(key)
                 if free:
                     out.append(free.pop(0))  # the longest dead: its last readers are the likeliest done
+                    reused += key[0] * key[1]
                 else:
                     out.append(None)
                     missed += 1
+            if reused:  # under the lock: a spare is never counted out before it was counted in
+                self._count_bytes(0, -reused)
         if missed:  # registered outside the lock: freeing the spares to find memory takes it
             out = [self._register(k) if h is None else h for h, k in zip(out, keys)]
         return out
@@ -67,10 +99,13 @@ class TileMemory:
         if not ok[0] and self._spares:  # as PyTorch's caching allocators do: free the cache, try again
             self.lib.tnt_unregister_now(h)
             self._free_spares_now()
+            stats.COUNTS["alloc_retries"] += 1
             h = self.lib.tnt_register(key[0], elemsize, ok)
         self._size[h] = key
+        self._count_bytes(_nbytes(key))
         stats.COUNTS["tiles_registered"] += 1
         if not ok[0]:
+            stats.COUNTS["alloc_failures"] += 1
             f = Failure(None, nbytes=key[0] * elemsize, limit=self.ooc.memory_limit if self.ooc else None)
             self.lib.tnt_set_no_memory(h, _new_failure(f))
             self._no_memory[h] = self._unnamed[h] = f
@@ -89,6 +124,7 @@ class TileMemory:
             owner_of[h] = owner
             by_tag[tag(h)] = h  # a read by another rank alone names its tiles by tag (runtime/agree.py)
             out.append(h)
+        self._count_bytes(sum(max(n, 1) for n in sizes) * elemsize)
         stats.COUNTS["tiles_registered"] += len(sizes)
         return out
 
@@ -169,6 +205,8 @@ class TileMemory:
         self.pause()
         with self._spare_lock:
             spares, self._spares = self._spares, {}
+        freed = sum(_nbytes(k) * len(v) for k, v in spares.items())
+        self._count_bytes(-freed, -freed)
         for handles in spares.values():
             for h in handles:
                 del self._size[h]
@@ -189,6 +227,7 @@ class TileMemory:
             stats.tiles_added(-len(handles))
             unreg, tag, size, owner, by_tag = self.lib.tnt_unregister_submit, self.lib.tnt_dist_tag, self._size, \
                 self._owner, self._by_tag
+            self._count_bytes(-sum(_nbytes(size[h]) for h in handles))
             for h in handles:  # after their tasks (no kick: this may run inside a submission's lock)
                 del size[h]
                 owner.pop(h, None)
@@ -197,14 +236,18 @@ class TileMemory:
         elif self.alive:
             stats.tiles_added(-len(handles))
             size, spares, bad = self._size, self._spares, self._no_memory
+            spared = 0
             with self._spare_lock:
                 for h in handles:
                     if bad and h in bad:  # never reused: a new tile of that size may find memory
                         self._dead_no_memory.append(h)
                     else:
-                        spares.setdefault(size[h], []).append(h)
+                        key = size[h]
+                        spares.setdefault(key, []).append(h)
+                        spared += key[0] * key[1]
                         if self.ooc is not None:  # not worth a disk write: see tnt_invalidate_submit
                             self.lib.tnt_invalidate_submit(h)
+                self._count_bytes(0, spared)
                 if self._hints is not None:
                     self._hints.forget(handles)
 
@@ -214,7 +257,7 @@ class TileMemory:
         with self._spare_lock:
             spares, self._spares = self._spares, {}
         for handles in spares.values():
-            self._unregister(handles)
+            self._unregister(handles, spares=True)
 
     def recycle(self, keep: int = SPARE_COMPILES) -> None:
         """After a compile: unregister spares of sizes not asked for in ``keep`` compiles."""
@@ -228,8 +271,9 @@ class TileMemory:
         for h in dead:
             self._no_memory.pop(h, None)
             self._unnamed.pop(h, None)
-        for handles in [*stale, dead]:
-            self._unregister(handles)
+        for handles in stale:
+            self._unregister(handles, spares=True)
+        self._unregister(dead)
         self._trim_due()  # the workers may never go idle (a loop without waits): the pauser would not trim
 
     def _trim_due(self) -> None:
@@ -239,12 +283,15 @@ class TileMemory:
             self._trimmed = now
             self.lib.tnt_trim()
 
-    def _unregister(self, handles: list[Any]) -> None:
-        """Unregister handles after their submitted tasks; a task frees their memory."""
+    def _unregister(self, handles: list[Any], spares: bool = False) -> None:
+        """Unregister handles after their submitted tasks; a task frees their memory.
+        ``spares``: they were spares (taken out of ``_spares`` by the caller)."""
         if not handles:
             return
         unreg, size = self.lib.tnt_unregister_submit, self._size
+        freed = 0
         for h in handles:
-            del size[h]
+            freed += _nbytes(size.pop(h))
             unreg(h)
+        self._count_bytes(-freed, -freed if spares else 0)
         self._kick()
