@@ -89,14 +89,9 @@ def test_llama_tiled_seq_hidden_vocab(cpu_fallback, record_property):
     _check_tiled("llama", {"seq": [8, 24, 32], "hidden": 64, "vocab": 256}, cpu_fallback, record_property)
 
 
-def test_gpt2_batch_tiling_reaches_the_attention():
-    """The batch tiling survives GPT-2's reshapes back and forth and its qkv ``split``:
-    only the embedding's gather of the flattened ids and two reshapes next to it re-tile
-    (before: 16 reshape and 6 strided-view re-tilings), and the loss and gradients are CPU's."""
-    ref, model = pair("gpt2-eager")
-    inputs = batch("gpt2-eager")
-    dev = to_nntile(inputs)
-    hook = name_axes(model, dev["input_ids"])
+def _batch_tiled_step(ref, model, inputs: dict, dev: dict) -> dict:
+    """A step with ``batch`` tiled by 2 (named by the caller): CPU's loss and gradients;
+    returns the step's metrics, read once every task is done."""
     torch_nntile.set_axis_group_tiling("batch", 2)
     torch_nntile.wait()
     torch_nntile.reset_info()
@@ -105,9 +100,20 @@ def test_gpt2_batch_tiling_reaches_the_attention():
     got.loss.backward()
     want.loss.backward()
     assert_grads_close(model, ref)
-    hook.remove()
     torch_nntile.wait()
-    retiles = torch_nntile.metrics()["retiles"]
+    return torch_nntile.metrics()
+
+
+def test_gpt2_batch_tiling_reaches_the_attention():
+    """The batch tiling survives GPT-2's reshapes back and forth and its qkv ``split``:
+    only the embedding's gather of the flattened ids and two reshapes next to it re-tile
+    (before: 16 reshape and 6 strided-view re-tilings), and the loss and gradients are CPU's."""
+    ref, model = pair("gpt2-eager")
+    inputs = batch("gpt2-eager")
+    dev = to_nntile(inputs)
+    hook = name_axes(model, dev["input_ids"])
+    retiles = _batch_tiled_step(ref, model, inputs, dev)["retiles"]
+    hook.remove()
     assert set(retiles) <= {"index_select", "reshape"}, retiles
     assert sum(retiles.get("reshape", {}).values()) <= 2, retiles
     assert "'batch' (extent 8)" not in retiles.get("reshape", {}), retiles
@@ -121,16 +127,7 @@ def test_gpt2_batch_tiling_of_the_ids_alone_reaches_the_hidden_states():
     inputs = batch("gpt2-eager")
     dev = to_nntile(inputs)
     torch_nntile.set_axis_group_name(dev["input_ids"], {0: "batch", 1: "seq"})
-    torch_nntile.set_axis_group_tiling("batch", 2)
-    torch_nntile.wait()
-    torch_nntile.reset_info()
-    got, want = model(**dev), ref(**inputs)
-    assert_loss_close(got.loss, want.loss)
-    got.loss.backward()
-    want.loss.backward()
-    assert_grads_close(model, ref)
-    torch_nntile.wait()
-    m = torch_nntile.metrics()
+    m = _batch_tiled_step(ref, model, inputs, dev)
     assert m["kernels"]["_softmax"]["tasks"] == 4 * 2, m["kernels"]
     assert m["kernels"]["index_select"]["tasks"] >= 4, m["kernels"]
     assert set(m["retiles"]) <= {"reshape"} and sum(m["retiles"].get("reshape", {}).values()) <= 1, m["retiles"]

@@ -81,7 +81,7 @@ class TileMemory:
                 free = spares.get(key)
                 if free:
                     out.append(free.pop(0))  # the longest dead: its last readers are the likeliest done
-                    reused += key[0] * key[1]
+                    reused += _nbytes(key)
                 else:
                     out.append(None)
                     missed += 1
@@ -244,7 +244,7 @@ class TileMemory:
                     else:
                         key = size[h]
                         spares.setdefault(key, []).append(h)
-                        spared += key[0] * key[1]
+                        spared += _nbytes(key)
                         if self.ooc is not None:  # not worth a disk write: see tnt_invalidate_submit
                             self.lib.tnt_invalidate_submit(h)
                 self._count_bytes(0, spared)
